@@ -1,1 +1,78 @@
-fn main() {}
+//! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
+
+mod inspect;
+mod model_file;
+mod run;
+mod tokenize;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use model_file::ModelFile;
+
+#[derive(Parser)]
+#[command(
+    name = "airs",
+    version,
+    about = "A local LLM runtime for small Linux devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file's architecture, hyperparameters, tokenizer, tensors and layout.
+    Inspect {
+        /// The GGUF file (default: the embedded stories260K model).
+        model: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the token ids and pieces of a text.
+    Tokenize {
+        /// The GGUF file whose tokenizer to use.
+        model: PathBuf,
+        /// The text to tokenize.
+        text: String,
+        /// Do not add the BOS token even if the model wants one.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat special-token text such as `<|im_start|>` as plain text.
+        #[arg(long)]
+        no_special: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate text, streaming it to stdout.
+    Run(run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { model, json } => {
+            ModelFile::open(model.as_deref()).and_then(|m| inspect::run(&m, json))
+        }
+        Command::Tokenize {
+            model,
+            text,
+            no_bos,
+            no_special,
+            json,
+        } => ModelFile::open(Some(&model))
+            .and_then(|m| tokenize::run(&m, &text, no_bos, no_special, json)),
+        Command::Run(args) => run::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airs: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

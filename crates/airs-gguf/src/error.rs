@@ -27,7 +27,8 @@ pub enum GgufErrorKind {
     NestingTooDeep,
     /// Two metadata entries with the same key.
     DuplicateKey(String),
-    /// `general.alignment` is zero, not a power of two, too large, or not a u32.
+    /// `general.alignment` is zero, not a power of two, or too large. (One that is not a u32
+    /// at all is a [`GgufErrorKind::WrongType`], as in ggml.)
     BadAlignment(u64),
     /// A tensor with more than four dimensions.
     TooManyDims { tensor: String, dims: u32 },

@@ -26,6 +26,11 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_ALIGNMENT: u64 = 1 << 30;
 /// ggml's GGML_MAX_DIMS.
 pub const MAX_DIMS: usize = 4;
+/// Most metadata entries or tensor infos reserved up front. A count that passed the
+/// bytes-left check can still be ~file_len/13; reserving that many 48-byte entries before
+/// reading one would turn a lying count in a large file into a multi-gigabyte allocation, so
+/// the tables grow past this only as entries are actually read.
+const MAX_PREALLOC: usize = 4096;
 
 /// A metadata value type id from the GGUF spec.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -248,10 +253,12 @@ impl<'a> Array<'a> {
 
     /// The elements as raw string bytes, if this is a string array.
     pub fn strings(&self) -> Option<impl Iterator<Item = &'a [u8]> + 'a> {
+        // A string array's iterator decodes every element as `ValueType::String`, which only
+        // ever yields `Value::String`; `filter_map` keeps that fact out of the panic paths.
         (self.elem == ValueType::String).then(|| {
-            self.iter().map(|v| match v {
-                Value::String(s) => s,
-                _ => unreachable!("string array yields strings"),
+            self.iter().filter_map(|v| match v {
+                Value::String(s) => Some(s),
+                _ => None,
             })
         })
     }
@@ -386,9 +393,10 @@ impl<'a> Gguf<'a> {
         let tensor_count = c.u64("tensor count")?;
         let kv_count = c.u64("metadata count")?;
         // A metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info
-        // at least 8 (name length) + 4 (dims) + 8 (one dim) + 4 (type) + 8 (offset).
-        let kv_cap = c.cap_count("metadata", kv_count, 13)?;
-        let tensor_cap = c.cap_count("tensor", tensor_count, 32)?;
+        // at least 8 (name length) + 4 (dims) + 4 (type) + 8 (offset), since ggml allows zero
+        // dimensions (a scalar).
+        let kv_cap = c.cap_count("metadata", kv_count, 13)?.min(MAX_PREALLOC);
+        let tensor_cap = c.cap_count("tensor", tensor_count, 24)?.min(MAX_PREALLOC);
 
         let mut metadata = Vec::with_capacity(kv_cap);
         let mut index = HashMap::with_capacity(kv_cap);
@@ -429,7 +437,6 @@ impl<'a> Gguf<'a> {
 
         let mut tensors = Vec::with_capacity(tensor_cap);
         let mut tensor_index = HashMap::with_capacity(tensor_cap);
-        let mut relative_offsets = Vec::with_capacity(tensor_cap);
         for _ in 0..tensor_count {
             let at = c.offset();
             let name = c.utf8_string("tensor name")?;
@@ -492,7 +499,6 @@ impl<'a> Gguf<'a> {
                     at,
                 ));
             }
-            relative_offsets.push(offset);
             tensors.push(TensorInfo {
                 name,
                 dims,
@@ -631,6 +637,10 @@ impl<'a> Gguf<'a> {
     }
 
     /// A tensor's data, borrowed from the image.
+    ///
+    /// # Panics
+    /// If `info` is not one of this file's [`Gguf::tensors`] (or was modified) and its range
+    /// lies outside the image. Infos read from the file always lie inside it.
     pub fn tensor_data(&self, info: &TensorInfo<'_>) -> &'a [u8] {
         // Validated at parse time: the range lies inside the image.
         &self.image[info.offset as usize..(info.offset + info.bytes) as usize]

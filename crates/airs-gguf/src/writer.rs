@@ -90,19 +90,24 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    /// Bytes of the tensor's data.
+    /// Bytes of the tensor's data; an `InvalidInput` error when the shape is not a whole
+    /// number of blocks or its size overflows u64.
     pub fn bytes(&self) -> io::Result<u64> {
-        let elements = self.dims.iter().product::<u64>();
-        self.ty.bytes_for(elements).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "tensor {} shape {:?} is not whole {} blocks",
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .and_then(|elements| self.ty.bytes_for(elements))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "tensor {} shape {:?} is not whole {} blocks or overflows",
                     self.name, self.dims, self.ty
-                ),
-            )
-        })
+                ))
+            })
     }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
 fn write_str(out: &mut Vec<u8>, s: &[u8]) {
@@ -112,12 +117,18 @@ fn write_str(out: &mut Vec<u8>, s: &[u8]) {
 
 /// Encode the header (magic through tensor infos, padded to `alignment`) of a GGUF v3 file.
 /// Returns the header bytes; tensor `i`'s data must follow at `data_offsets[i]` relative to
-/// the end of the header.
+/// the end of the header. `alignment` must be a power of two (it is not written: put a
+/// `general.alignment` u32 in `metadata` when it is not the default 32).
 pub fn encode_header(
     metadata: &[(String, MetaValue)],
     tensors: &[TensorSpec],
     alignment: u64,
 ) -> io::Result<(Vec<u8>, Vec<u64>)> {
+    if !alignment.is_power_of_two() {
+        return Err(invalid(format!(
+            "alignment {alignment} is not a power of two"
+        )));
+    }
     let mut out = Vec::new();
     out.extend_from_slice(b"GGUF");
     out.extend_from_slice(&3u32.to_le_bytes());
@@ -139,7 +150,10 @@ pub fn encode_header(
         out.extend_from_slice(&t.ty.id().to_le_bytes());
         out.extend_from_slice(&next.to_le_bytes());
         offsets.push(next);
-        next = (next + t.bytes()?).next_multiple_of(alignment);
+        next = next
+            .checked_add(t.bytes()?)
+            .and_then(|end| end.checked_next_multiple_of(alignment))
+            .ok_or_else(|| invalid(format!("tensor {} ends past u64::MAX", t.name)))?;
     }
     let padded = (out.len() as u64).next_multiple_of(alignment);
     out.resize(padded as usize, 0);

@@ -1,0 +1,222 @@
+//! `airs run`: generate text from a prompt or a chat message, streaming it to stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use airs_engine::{
+    ContiguousKv, GenerateConfig, KvShape, KvType, Model, Runtime, SamplerConfig, generate,
+};
+use airs_tokenizer::chat::{ChatMessage, ChatTemplate};
+use airs_tokenizer::{EncodeOptions, Tokenizer};
+use anyhow::Context;
+use serde_json::json;
+
+use crate::model_file::ModelFile;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The GGUF model (default: the embedded stories260K model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Raw prompt text to continue (default: start from BOS alone).
+    pub prompt: Option<String>,
+    /// A user message, formatted with the model's chat template.
+    #[arg(long, conflicts_with = "prompt")]
+    pub chat: Option<String>,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV cache element type.
+    #[arg(long, default_value = "f16")]
+    pub kv_type: KvType,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A model file opened for inference: weights, tokenizer, chat template.
+pub struct Loaded {
+    pub file: ModelFile,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: Result<ChatTemplate, String>,
+}
+
+impl Loaded {
+    pub fn open(file: ModelFile) -> anyhow::Result<Loaded> {
+        let gguf = file.parse()?;
+        let model = Model::new(file.image.clone(), &gguf).with_context(|| file.name.clone())?;
+        let tokenizer = Tokenizer::from_gguf(&gguf).with_context(|| file.name.clone())?;
+        let template = ChatTemplate::from_gguf(&gguf, &tokenizer).map_err(|e| e.to_string());
+        drop(gguf);
+        Ok(Loaded {
+            file,
+            model,
+            tokenizer,
+            template,
+        })
+    }
+
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: self.model.config.layers,
+            kv_heads: self.model.config.kv_heads,
+            head_dim: self.model.config.head_dim,
+        }
+    }
+}
+
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let load_start = Instant::now();
+    let loaded = Loaded::open(ModelFile::open(args.model.as_deref())?)?;
+    let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
+    let tok = &loaded.tokenizer;
+
+    let prompt_ids: Vec<u32> = if let Some(user) = &args.chat {
+        let template = loaded
+            .template
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("chat template: {e}"))?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::system(system.clone()));
+        }
+        messages.push(ChatMessage::user(user.clone()));
+        template
+            .encode(tok, &messages, true)
+            .context("rendering the chat template")?
+            .into_iter()
+            .map(u32::from)
+            .collect()
+    } else {
+        let text = args.prompt.as_deref().unwrap_or("");
+        let mut ids: Vec<u32> = tok
+            .encode(text, EncodeOptions::prompt(tok))
+            .into_iter()
+            .map(u32::from)
+            .collect();
+        if ids.is_empty() {
+            let bos = tok
+                .bos_id()
+                .context("the prompt is empty and the model has no BOS token to start from")?;
+            ids.push(bos.into());
+        }
+        ids
+    };
+
+    let context_len = loaded.model.config.context_len;
+    anyhow::ensure!(
+        prompt_ids.len() < context_len,
+        "the prompt has {} tokens but the model's context holds {context_len}",
+        prompt_ids.len()
+    );
+    let capacity = (prompt_ids.len() + args.max_tokens).min(context_len);
+    let mut kv = ContiguousKv::new(loaded.kv_shape(), capacity, args.kv_type);
+    let rt = Runtime::new(args.threads.unwrap_or_else(default_threads));
+    let config = GenerateConfig {
+        max_tokens: args.max_tokens,
+        stop_strings: args.stop.clone(),
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            seed: args.seed,
+            ..SamplerConfig::default()
+        },
+        prefill_batch: 512,
+    };
+    let stdout = std::io::stdout();
+    let mut on_text = |piece: &str| {
+        if !args.json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    if !args.json && args.prompt.is_some() {
+        on_text(args.prompt.as_deref().unwrap_or(""));
+    }
+    let generation = generate(
+        &loaded.model,
+        &rt,
+        tok,
+        &mut kv,
+        &prompt_ids,
+        &config,
+        &mut on_text,
+    )?;
+    if args.json {
+        let report = json!({
+            "model": loaded.file.name,
+            "prompt_token_ids": prompt_ids,
+            "generated_token_ids": generation.generated,
+            "text": generation.text,
+            "stop_reason": generation.stop_reason.name(),
+            "threads": rt.pool.threads(),
+            "isa": format!("{:?}", rt.isa).to_lowercase(),
+            "kv_type": args.kv_type.name(),
+            "timings": {
+                "load_ms": load_ms,
+                "ttft_ms": generation.time_to_first_token.as_secs_f64() * 1e3,
+                "prefill_tokens": generation.prefill_tokens,
+                "prefill_tokens_per_s": generation.prefill_tokens_per_s(),
+                "decode_tokens": generation.decode_tokens,
+                "decode_tokens_per_s": generation.decode_tokens_per_s(),
+            },
+            "memory": {
+                "weights_bytes": loaded.model.weight_bytes(),
+                "kv_bytes": airs_engine::KvCache::allocated_bytes(&kv),
+                "peak_rss_bytes": peak_rss_bytes(),
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s, stop: {}]",
+            generation.prefill_tokens,
+            generation.prefill_tokens_per_s(),
+            generation.generated.len(),
+            generation.decode_tokens_per_s(),
+            generation.stop_reason.name()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! The decoder forward pass shared by `llama` and `qwen2`, following llama.cpp's graphs op for
+//! op so results match it closely: RMSNorm (f64 sum of squares), Q/K/V projections (+ qwen2
+//! biases), RoPE in interleaved (llama) or NeoX (qwen2) style with ggml's iterative angle
+//! recurrence, grouped-query attention through a [`KvCache`], SwiGLU feed-forward, and the
+//! output projection.
+//!
+//! One call processes a batch of consecutive tokens (prefill) or one token (decode). Each
+//! matrix product quantizes its input activations once ([`QuantizedActs`]) and splits weight
+//! rows across the thread pool; attention is split over (token, head) pairs. Cost per token:
+//! one pass over every weight byte (plus the output projection), and O(context × kv_len)
+//! attention work per layer.
+
+use airs_kernels::Isa;
+
+use crate::error::{EngineError, EngineErrorKind};
+use crate::kv::KvCache;
+use crate::model::{Model, TensorRef};
+use crate::par::{DisjointOut, QuantizedActs, matmul};
+use crate::pool::ThreadPool;
+use airs_gguf::RopeStyle;
+
+/// Which logits a forward pass returns.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (what generation needs).
+    Last,
+    /// Every token's, `tokens × vocab` (tests, perplexity).
+    All,
+}
+
+/// The execution resources a forward pass runs with: explicit, never read from the environment.
+pub struct Runtime {
+    pub pool: ThreadPool,
+    pub isa: Isa,
+}
+
+impl Runtime {
+    /// A runtime with `threads` threads and the best instruction set of this CPU.
+    pub fn new(threads: usize) -> Runtime {
+        Runtime::with_isa(threads, Isa::detect())
+    }
+
+    pub fn with_isa(threads: usize, isa: Isa) -> Runtime {
+        Runtime {
+            pool: ThreadPool::new(threads),
+            isa,
+        }
+    }
+}
+
+thread_local! {
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Model {
+    /// Run `tokens` at positions `kv.len()..` through the model, storing their keys and values
+    /// in `kv`, and return the requested logits.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        kv: &mut dyn KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
+        let cfg = &self.config;
+        let n_tokens = tokens.len();
+        if n_tokens == 0 {
+            return Err(EngineError::invalid("forward pass over zero tokens"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_len) {
+            return Err(EngineError::new(EngineErrorKind::TokenOutOfRange {
+                token: bad,
+                vocab_len: cfg.vocab_len,
+            }));
+        }
+        let pos0 = kv.len();
+        kv.reserve(pos0 + n_tokens)?;
+
+        let image = self.image().bytes();
+        let pool = &rt.pool;
+        let n_embd = cfg.embedding_len;
+        let (q_len, kv_len, head_dim) = (cfg.q_len(), cfg.kv_len(), cfg.head_dim);
+        let group = cfg.heads / cfg.kv_heads;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+
+        // Residual stream: the embedding rows of the tokens.
+        let mut x = vec![0.0f32; n_tokens * n_embd];
+        for (row, &tok) in x.chunks_exact_mut(n_embd).zip(tokens) {
+            airs_kernels::dequantize_row(
+                self.token_embd.ty,
+                self.token_embd.row(image, tok as usize),
+                row,
+            )
+            .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
+        }
+
+        let mut xn = vec![0.0f32; n_tokens * n_embd];
+        let mut q = vec![0.0f32; n_tokens * q_len];
+        let mut k = vec![0.0f32; n_tokens * kv_len];
+        let mut v = vec![0.0f32; n_tokens * kv_len];
+        let mut attn = vec![0.0f32; n_tokens * q_len];
+        let mut proj = vec![0.0f32; n_tokens * n_embd];
+        let mut gate = vec![0.0f32; n_tokens * cfg.ff_len];
+        let mut up = vec![0.0f32; n_tokens * cfg.ff_len];
+        let mut acts = QuantizedActs::default();
+        let rope = RopeTable::new(cfg.rope_dims, cfg.rope_base, pos0, n_tokens);
+
+        let mm = |acts: &mut QuantizedActs, w: &TensorRef, input: &[f32], out: &mut [f32]| {
+            let act_type = airs_kernels::act_type(w.ty).expect("type checked at model load");
+            let a = acts.get(pool, act_type, input, w.cols);
+            matmul(pool, rt.isa, image, w, a, n_tokens, out);
+        };
+
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.image().enter_layer(l);
+            rms_norm(&x, &layer.attn_norm, cfg.rms_eps, &mut xn);
+            acts.reset();
+            mm(&mut acts, &layer.wq, &xn, &mut q);
+            mm(&mut acts, &layer.wk, &xn, &mut k);
+            mm(&mut acts, &layer.wv, &xn, &mut v);
+            add_bias(&mut q, layer.bq.as_deref());
+            add_bias(&mut k, layer.bk.as_deref());
+            add_bias(&mut v, layer.bv.as_deref());
+            rope.apply(&mut q, cfg.heads, head_dim, cfg.rope_style);
+            rope.apply(&mut k, cfg.kv_heads, head_dim, cfg.rope_style);
+            kv.store(l, pos0, &k, &v);
+
+            // Attention, split over (token, head) pairs.
+            {
+                let kv_ref: &dyn KvCache = kv;
+                let writer = DisjointOut::new(&mut attn);
+                let q = &q;
+                pool.for_chunks(n_tokens * cfg.heads, 1, &|range| {
+                    SCORES.with(|scores| {
+                        let mut scores = scores.borrow_mut();
+                        for pair in range {
+                            let (t, h) = (pair / cfg.heads, pair % cfg.heads);
+                            let n_ctx = pos0 + t + 1;
+                            if scores.len() < n_ctx {
+                                scores.resize(n_ctx, 0.0);
+                            }
+                            let at = t * q_len + h * head_dim;
+                            // SAFETY: each (token, head) pair is visited once and owns the
+                            // disjoint output range [at, at + head_dim).
+                            let out = unsafe { writer.slice(at..at + head_dim) };
+                            kv_ref.attend(
+                                l,
+                                h / group,
+                                &q[at..at + head_dim],
+                                n_ctx,
+                                scale,
+                                out,
+                                &mut scores,
+                            );
+                        }
+                    });
+                });
+            }
+            acts.reset();
+            mm(&mut acts, &layer.wo, &attn, &mut proj);
+            add_into(&mut x, &proj);
+
+            rms_norm(&x, &layer.ffn_norm, cfg.rms_eps, &mut xn);
+            acts.reset();
+            mm(&mut acts, &layer.w_gate, &xn, &mut gate);
+            mm(&mut acts, &layer.w_up, &xn, &mut up);
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = silu(*g) * u;
+            }
+            acts.reset();
+            mm(&mut acts, &layer.w_down, &gate, &mut proj);
+            add_into(&mut x, &proj);
+        }
+        if let Some(e) = self.image().load_error() {
+            return Err(EngineError::new(EngineErrorKind::Load(e)));
+        }
+
+        // Output norm and projection, for the rows whose logits are wanted.
+        let first = match logits {
+            Logits::Last => n_tokens - 1,
+            Logits::All => 0,
+        };
+        let rows = n_tokens - first;
+        let x_out = &x[first * n_embd..];
+        let mut xo = vec![0.0f32; rows * n_embd];
+        rms_norm(x_out, &self.output_norm, cfg.rms_eps, &mut xo);
+        let mut out = vec![0.0f32; rows * cfg.vocab_len];
+        let act_type = airs_kernels::act_type(self.output.ty).expect("type checked at model load");
+        acts.reset();
+        let a = acts.get(pool, act_type, &xo, n_embd);
+        matmul(pool, rt.isa, image, &self.output, a, rows, &mut out);
+        kv.set_len(pos0 + n_tokens);
+        Ok(out)
+    }
+}
+
+/// RMSNorm of every row of `x` times `weight`, as ggml computes it (f64 sum of squares).
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let n = weight.len();
+    for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &w) in o.iter_mut().zip(row).zip(weight) {
+            *o = v * scale * w;
+        }
+    }
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            add_into(row, b);
+        }
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// cos/sin of every rotated pair at every position of a batch, with ggml's recurrence
+/// `theta_{i+1} = theta_i · base^(-2/dims)` starting from `theta_0 = pos` in f32.
+struct RopeTable {
+    dims: usize,
+    tokens: usize,
+    /// `tokens × dims/2` (cos, sin) pairs.
+    cos_sin: Vec<(f32, f32)>,
+}
+
+impl RopeTable {
+    fn new(dims: usize, base: f32, pos0: usize, tokens: usize) -> RopeTable {
+        let theta_scale = base.powf(-2.0 / dims as f32);
+        let mut cos_sin = Vec::with_capacity(tokens * dims / 2);
+        for t in 0..tokens {
+            let mut theta = (pos0 + t) as f32;
+            for _ in 0..dims / 2 {
+                cos_sin.push((theta.cos(), theta.sin()));
+                theta *= theta_scale;
+            }
+        }
+        RopeTable {
+            dims,
+            tokens,
+            cos_sin,
+        }
+    }
+
+    /// Rotate the first `dims` values of each of `heads` heads in every token row of `x`.
+    fn apply(&self, x: &mut [f32], heads: usize, head_dim: usize, style: RopeStyle) {
+        let half = self.dims / 2;
+        for t in 0..self.tokens {
+            let cs = &self.cos_sin[t * half..(t + 1) * half];
+            for h in 0..heads {
+                let at = (t * heads + h) * head_dim;
+                let head = &mut x[at..at + head_dim];
+                for (i, &(c, s)) in cs.iter().enumerate() {
+                    let (a, b) = match style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! A model ready for inference: its hyperparameters and, for every weight, where its bytes lie
+//! in the model image. Weights are not copied: the forward pass slices them out of
+//! [`ModelImage::bytes`] at each use. Only norm vectors and biases (a few KB per layer) are
+//! decoded into owned `Vec<f32>`s.
+//!
+//! Tensor names and shapes follow llama.cpp's `llama` and `qwen2` graphs: `token_embd`,
+//! `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
+//! ffn_down}`, `output_norm`, `output` (absent when tied to `token_embd`), and for qwen2 the
+//! `attn_{q,k,v}.bias` vectors.
+
+use std::sync::Arc;
+
+use airs_gguf::{GgmlType, Gguf, ModelConfig, TensorInfo};
+
+use crate::error::{EngineError, EngineErrorKind};
+use crate::image::ModelImage;
+
+/// Where one weight matrix lies in the image: `rows` rows of `cols` values of type `ty`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorRef {
+    pub ty: GgmlType,
+    /// Values per row (ggml `ne0`: the input width of a projection).
+    pub cols: usize,
+    /// Number of rows (the output width of a projection).
+    pub rows: usize,
+    /// Absolute offset of the data in the image.
+    pub offset: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+impl TensorRef {
+    fn new(info: &TensorInfo<'_>, cols: usize, rows: usize) -> Result<TensorRef, EngineError> {
+        let dims_ok = match info.dims.as_slice() {
+            [c] => *c as usize == cols && rows == 1,
+            [c, r] => *c as usize == cols && *r as usize == rows,
+            _ => false,
+        };
+        if !dims_ok {
+            return Err(EngineError::bad_tensor(
+                info.name,
+                format!("shape {:?}, expected [{cols}, {rows}]", info.dims),
+            ));
+        }
+        if !airs_kernels::is_supported(info.ty) {
+            return Err(EngineError::new(EngineErrorKind::UnsupportedTensorType {
+                tensor: info.name.into(),
+                ty: info.ty,
+            }));
+        }
+        let row_bytes = airs_kernels::row_bytes(info.ty, cols)
+            .map_err(|e| EngineError::bad_tensor(info.name, e.to_string()))?;
+        Ok(TensorRef {
+            ty: info.ty,
+            cols,
+            rows,
+            offset: info.offset as usize,
+            row_bytes,
+        })
+    }
+
+    /// Total bytes of the tensor.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// The tensor's bytes within `image`.
+    pub fn data<'a>(&self, image: &'a [u8]) -> &'a [u8] {
+        &image[self.offset..self.offset + self.bytes()]
+    }
+
+    /// Row `row`'s bytes within `image`.
+    pub fn row<'a>(&self, image: &'a [u8], row: usize) -> &'a [u8] {
+        let start = self.offset + row * self.row_bytes;
+        &image[start..start + self.row_bytes]
+    }
+}
+
+/// The weights of one transformer block.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: TensorRef,
+    pub wk: TensorRef,
+    pub wv: TensorRef,
+    pub wo: TensorRef,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: TensorRef,
+    pub w_up: TensorRef,
+    pub w_down: TensorRef,
+}
+
+/// A model: hyperparameters plus the location of every weight in its image.
+pub struct Model {
+    image: Arc<dyn ModelImage>,
+    pub config: ModelConfig,
+    pub token_embd: TensorRef,
+    pub output_norm: Vec<f32>,
+    /// The output projection (`token_embd` itself when tied).
+    pub output: TensorRef,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Model {
+    /// Build a model over `image`, whose parsed header is `gguf`.
+    pub fn new(image: Arc<dyn ModelImage>, gguf: &Gguf<'_>) -> Result<Model, EngineError> {
+        let config = ModelConfig::from_gguf(gguf)?;
+        let bytes = image.bytes();
+        let n_embd = config.embedding_len;
+        let tensor = |name: &str| {
+            gguf.tensor(name)
+                .ok_or_else(|| EngineError::bad_tensor(name, "missing"))
+        };
+        let matrix =
+            |name: &str, cols: usize, rows: usize| TensorRef::new(tensor(name)?, cols, rows);
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>, EngineError> {
+            let info = tensor(name)?;
+            let r = TensorRef::new(info, len, 1)?;
+            let mut out = vec![0.0f32; len];
+            airs_kernels::dequantize_row(r.ty, r.data(bytes), &mut out)
+                .map_err(|e| EngineError::bad_tensor(name, e.to_string()))?;
+            Ok(out)
+        };
+        let opt_vector = |name: &str, len: usize| -> Result<Option<Vec<f32>>, EngineError> {
+            match gguf.tensor(name) {
+                None => Ok(None),
+                Some(_) => vector(name, len).map(Some),
+            }
+        };
+
+        let token_embd = matrix("token_embd.weight", n_embd, config.vocab_len)?;
+        let output = if config.tied_output {
+            token_embd.clone()
+        } else {
+            matrix("output.weight", n_embd, config.vocab_len)?
+        };
+        let output_norm = vector("output_norm.weight", n_embd)?;
+        let (q_len, kv_len, ff) = (config.q_len(), config.kv_len(), config.ff_len);
+        let mut layers = Vec::with_capacity(config.layers);
+        for l in 0..config.layers {
+            let name = |t: &str| format!("blk.{l}.{t}");
+            layers.push(LayerWeights {
+                attn_norm: vector(&name("attn_norm.weight"), n_embd)?,
+                wq: matrix(&name("attn_q.weight"), n_embd, q_len)?,
+                wk: matrix(&name("attn_k.weight"), n_embd, kv_len)?,
+                wv: matrix(&name("attn_v.weight"), n_embd, kv_len)?,
+                wo: matrix(&name("attn_output.weight"), q_len, n_embd)?,
+                bq: opt_vector(&name("attn_q.bias"), q_len)?,
+                bk: opt_vector(&name("attn_k.bias"), kv_len)?,
+                bv: opt_vector(&name("attn_v.bias"), kv_len)?,
+                ffn_norm: vector(&name("ffn_norm.weight"), n_embd)?,
+                w_gate: matrix(&name("ffn_gate.weight"), n_embd, ff)?,
+                w_up: matrix(&name("ffn_up.weight"), n_embd, ff)?,
+                w_down: matrix(&name("ffn_down.weight"), ff, n_embd)?,
+            });
+        }
+        Ok(Model {
+            image,
+            config,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
+    }
+
+    /// The image the weights are read from.
+    pub fn image(&self) -> &Arc<dyn ModelImage> {
+        &self.image
+    }
+
+    /// Bytes of every weight matrix a decoded token reads once (all layers plus the output
+    /// projection; the embedding lookup reads one row).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.layer_matrix_bytes() + self.output.bytes() + self.token_embd.row_bytes
+    }
+
+    /// Bytes of all weights in the image (tensor data, header excluded).
+    pub fn weight_bytes(&self) -> usize {
+        let untied = if self.config.tied_output {
+            0
+        } else {
+            self.output.bytes()
+        };
+        self.layer_matrix_bytes() + untied + self.token_embd.bytes()
+    }
+
+    fn layer_matrix_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(TensorRef::bytes)
+            .sum()
+    }
+}

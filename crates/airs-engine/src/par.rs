@@ -1,0 +1,152 @@
+//! Parallel helpers over the [`ThreadPool`]: a matrix product split by weight rows, and a
+//! writer that lets chunks of one job fill disjoint parts of a shared output.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use airs_kernels::{ActType, Isa};
+
+use crate::model::TensorRef;
+use crate::pool::ThreadPool;
+
+/// An output buffer that the chunks of a parallel job write disjoint parts of.
+pub(crate) struct DisjointOut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: `DisjointOut` is a `&mut [T]` split among threads; `slice` requires callers to
+// touch disjoint ranges, so sharing it across threads is as safe as `split_at_mut`.
+unsafe impl<T: Send> Send for DisjointOut<'_, T> {}
+// SAFETY: as above: concurrent `slice` calls must name disjoint ranges.
+unsafe impl<T: Send> Sync for DisjointOut<'_, T> {}
+
+impl<'a, T> DisjointOut<'a, T> {
+    pub(crate) fn new(out: &'a mut [T]) -> DisjointOut<'a, T> {
+        DisjointOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The elements `range` of the buffer.
+    ///
+    /// # Safety
+    /// No two live slices obtained from this writer may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, range: Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "range out of bounds"
+        );
+        // SAFETY: the range is inside the buffer (checked above), the buffer is mutably
+        // borrowed for 'a, and the caller guarantees no other live slice overlaps it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
+}
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Activations quantized once per matmul input, per activation encoding.
+#[derive(Default)]
+pub(crate) struct QuantizedActs {
+    /// (encoding, rows, bytes) of each encoding computed since the last `reset`.
+    cached: Vec<(ActType, Vec<u8>)>,
+}
+
+impl QuantizedActs {
+    /// Forget the cached encodings (the input changed).
+    pub(crate) fn reset(&mut self) {
+        for (_, buf) in &mut self.cached {
+            buf.clear();
+        }
+    }
+
+    /// `x` (`rows × cols` floats) encoded as `act`, computed at most once between resets.
+    pub(crate) fn get(&mut self, pool: &ThreadPool, act: ActType, x: &[f32], cols: usize) -> &[u8] {
+        let idx = match self.cached.iter().position(|(a, _)| *a == act) {
+            Some(i) => i,
+            None => {
+                self.cached.push((act, Vec::new()));
+                self.cached.len() - 1
+            }
+        };
+        let buf = &mut self.cached[idx].1;
+        if buf.is_empty() && !x.is_empty() {
+            let rows = x.len() / cols;
+            let row_bytes = act.row_bytes(cols);
+            buf.resize(rows * row_bytes, 0);
+            let writer = DisjointOut::new(buf);
+            pool.for_chunks(rows, 4, &|range| {
+                // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
+                let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
+                for (r, o) in range.zip(out.chunks_exact_mut(row_bytes)) {
+                    airs_kernels::quantize_act(act, &x[r * cols..(r + 1) * cols], o)
+                        .expect("activation row geometry");
+                }
+            });
+        }
+        &self.cached[idx].1
+    }
+}
+
+/// `out[t][r] = W[r] · x[t]` for all rows `r` of `w` and the `tokens` activation rows in
+/// `acts` (already in `w`'s activation encoding), split across the pool by row chunks.
+pub(crate) fn matmul(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    w: &TensorRef,
+    acts: &[u8],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    let rows = w.rows;
+    debug_assert_eq!(out.len(), tokens * rows);
+    let data = w.data(image);
+    let threads = pool.threads();
+    // Enough chunks for balance on a noisy machine, each a multiple of 4 rows.
+    let chunk = if threads == 1 {
+        rows
+    } else {
+        (rows / (threads * 8)).next_multiple_of(4).max(4)
+    };
+    let act_row_bytes = acts.len() / tokens.max(1);
+    let writer = DisjointOut::new(out);
+    pool.for_chunks(rows, chunk, &|range| {
+        let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
+        let width = range.len();
+        if tokens == 1 {
+            // SAFETY: chunks partition 0..rows, so each output range is written by one chunk.
+            let o = unsafe { writer.slice(range.clone()) };
+            airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, width)
+                .expect("matmul geometry checked at model load");
+            return;
+        }
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            tile.resize(tokens * width, 0.0);
+            airs_kernels::matmul(
+                isa,
+                w.ty,
+                w.cols,
+                w_rows,
+                &acts[..tokens * act_row_bytes],
+                &mut tile,
+                width,
+            )
+            .expect("matmul geometry checked at model load");
+            for t in 0..tokens {
+                let start = t * rows + range.start;
+                // SAFETY: row ranges of different chunks are disjoint within every token row.
+                let o = unsafe { writer.slice(start..start + width) };
+                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+            }
+        });
+    });
+}

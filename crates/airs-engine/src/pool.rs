@@ -1,0 +1,257 @@
+//! A fixed pool of worker threads for the kernels: the caller's thread plus `threads - 1`
+//! workers run one job at a time, each job handing out chunks of work through an atomic
+//! counter, so a slow core (these machines are noisy) takes fewer chunks.
+//!
+//! Design: like ggml's threadpool, workers spin briefly on an epoch counter after each job
+//! (matmuls in a forward pass are microseconds apart) and then sleep on a condition variable,
+//! so an idle engine burns no CPU. Cost per job: one mutex lock per worker plus an atomic
+//! increment per chunk; no allocation. The thread count is explicit: nothing reads the
+//! environment.
+
+use std::any::Any;
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A job as the workers see it: the closure with its lifetime erased (see `run`).
+type Job = &'static (dyn Fn(usize) + Sync);
+
+struct State {
+    epoch: u64,
+    job: Option<Job>,
+    shutdown: bool,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// Mirror of `state.epoch` for lock-free spinning.
+    epoch: AtomicUsize,
+    /// Workers that have not finished the current job.
+    remaining: AtomicUsize,
+}
+
+/// A pool of `threads` threads (the caller counts as one).
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    threads: usize,
+    /// Serializes `run` calls from different threads sharing one pool.
+    run_lock: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool that runs jobs on `threads` threads (at least 1).
+    pub fn new(threads: usize) -> ThreadPool {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                epoch: 0,
+                job: None,
+                shutdown: false,
+                panic: None,
+            }),
+            wake: Condvar::new(),
+            epoch: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(0),
+        });
+        let workers = (1..threads)
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("airs-worker-{index}"))
+                    .spawn(move || worker(&shared, index))
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            threads,
+            run_lock: Mutex::new(()),
+        }
+    }
+
+    /// Number of threads jobs run on.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Run `job(thread_index)` once on every thread of the pool and wait for all of them.
+    pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        if self.threads == 1 {
+            job(0);
+            return;
+        }
+        let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the erased reference is only dereferenced by workers between the epoch bump
+        // below and their decrement of `remaining`; this function does not return (or unwind)
+        // before `remaining` is 0 and the job slot is cleared, so `job` outlives every use.
+        let erased: Job = unsafe {
+            std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(job)
+        };
+        self.shared
+            .remaining
+            .store(self.threads - 1, Ordering::SeqCst);
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.job = Some(erased);
+            state.epoch += 1;
+            self.shared
+                .epoch
+                .store(state.epoch as usize, Ordering::SeqCst);
+        }
+        self.shared.wake.notify_all();
+        let own = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let started = Instant::now();
+        let mut spins = 0u32;
+        while self.shared.remaining.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins % 64 == 0 && started.elapsed() > SPIN {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let worker_panic = {
+            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.job = None;
+            state.panic.take()
+        };
+        if let Err(p) = own {
+            resume_unwind(p);
+        }
+        if let Some(p) = worker_panic {
+            resume_unwind(p);
+        }
+    }
+
+    /// Split `0..items` into chunks of `chunk` items and run `f(range)` for every chunk, spread
+    /// over the pool's threads.
+    pub fn for_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        let chunk = chunk.max(1);
+        let chunks = items.div_ceil(chunk);
+        if chunks <= 1 || self.threads == 1 {
+            if items > 0 {
+                f(0..items);
+            }
+            return;
+        }
+        let next = AtomicUsize::new(0);
+        self.run(&|_thread| {
+            loop {
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= chunks {
+                    break;
+                }
+                f(c * chunk..((c + 1) * chunk).min(items));
+            }
+        });
+    }
+}
+
+fn worker(shared: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        // Spin briefly for the next job, then sleep.
+        let started = Instant::now();
+        let mut spins = 0u32;
+        while shared.epoch.load(Ordering::Acquire) as u64 == seen {
+            spins += 1;
+            if spins % 64 == 0 && started.elapsed() > SPIN {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let job = {
+            let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            while state.epoch == seen && !state.shutdown {
+                state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            if state.shutdown {
+                return;
+            }
+            seen = state.epoch;
+            state.job
+        };
+        if let Some(job) = job
+            && let Err(p) = catch_unwind(AssertUnwindSafe(|| job(index)))
+        {
+            shared.state.lock().unwrap_or_else(|e| e.into_inner()).panic = Some(p);
+        }
+        shared.remaining.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shutdown = true;
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn every_chunk_runs_exactly_once() {
+        for threads in [1, 2, 3, 4] {
+            let pool = ThreadPool::new(threads);
+            for items in [0, 1, 7, 64, 1000] {
+                let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
+                pool.for_chunks(items, 3, &|r| {
+                    for i in r {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn many_back_to_back_jobs_complete() {
+        let pool = ThreadPool::new(2);
+        let total = AtomicU64::new(0);
+        for _ in 0..10_000 {
+            pool.run(&|t| {
+                total.fetch_add(t as u64 + 1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 10_000 * 3);
+    }
+
+    #[test]
+    fn a_panicking_job_panics_the_caller_and_the_pool_survives() {
+        let pool = ThreadPool::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(&|t| {
+                if t == 1 {
+                    panic!("worker fails");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let ran = AtomicU64::new(0);
+        pool.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+}

@@ -1,0 +1,282 @@
+//! Token sampling: greedy, or temperature with top-k, top-p (nucleus) and min-p filtering and a
+//! repetition penalty, driven by a seeded PCG32 generator so a seed reproduces a generation.
+//!
+//! The filter order follows llama.cpp's default sampler chain (penalties → top-k → top-p →
+//! min-p → temperature → draw). Greedy is an argmax with ties going to the lowest id, as in the
+//! reference outputs. Cost: O(vocab) per token, plus O(k log k) for the kept candidates.
+
+/// Sampling parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1.0 = all).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one (0 = none).
+    pub min_p: f32,
+    /// Divide positive logits (multiply negative ones) of recently seen tokens by this (1 = off).
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> SamplerConfig {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+/// A PCG32 generator (O'Neill's pcg32_random_r): small, fast, and reproducible everywhere.
+#[derive(Clone, Debug)]
+pub struct Pcg32 {
+    state: u64,
+    inc: u64,
+}
+
+impl Pcg32 {
+    pub fn new(seed: u64) -> Pcg32 {
+        let mut rng = Pcg32 {
+            state: 0,
+            inc: (0xda3e_39cb_94b9_5bdb << 1) | 1,
+        };
+        rng.next_u32();
+        rng.state = rng.state.wrapping_add(seed);
+        rng.next_u32();
+        rng
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(self.inc);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        let rot = (old >> 59) as u32;
+        xorshifted.rotate_right(rot)
+    }
+
+    /// A uniform float in [0, 1).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+    }
+}
+
+/// A sampler: configuration plus generator state.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    config: SamplerConfig,
+    rng: Pcg32,
+    candidates: Vec<(u32, f32)>,
+}
+
+/// Index of the largest value, ties to the lowest index.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    pub fn new(config: SamplerConfig) -> Sampler {
+        let rng = Pcg32::new(config.seed);
+        Sampler {
+            config,
+            rng,
+            candidates: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.config
+    }
+
+    /// Choose the next token from `logits`, given the tokens so far (for the penalty).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let c = &self.config;
+        let penalize = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
+        if c.temperature <= 0.0 && !penalize {
+            return argmax(logits);
+        }
+        let mut logits_buf;
+        let logits = if penalize {
+            logits_buf = logits.to_vec();
+            let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
+            let mut seen = std::collections::HashSet::with_capacity(recent.len());
+            for &t in recent {
+                if seen.insert(t)
+                    && let Some(l) = logits_buf.get_mut(t as usize)
+                {
+                    *l = if *l > 0.0 {
+                        *l / c.repeat_penalty
+                    } else {
+                        *l * c.repeat_penalty
+                    };
+                }
+            }
+            &logits_buf[..]
+        } else {
+            logits
+        };
+        if c.temperature <= 0.0 {
+            return argmax(logits);
+        }
+
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if c.top_k > 0 && c.top_k < cands.len() {
+            cands.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
+            cands.truncate(c.top_k);
+        }
+        cands.sort_unstable_by(by_logit_desc);
+        // Softmax over the survivors (before temperature, as llama.cpp's top-p/min-p see them).
+        let max = cands[0].1;
+        let mut probs: Vec<f32> = cands.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        let mut keep = cands.len();
+        if c.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, p) in probs.iter().enumerate() {
+                cum += p;
+                if cum >= c.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if c.min_p > 0.0 {
+            let floor = c.min_p * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
+        }
+        cands.truncate(keep);
+        // Temperature, then draw.
+        let weights: Vec<f32> = cands
+            .iter()
+            .map(|&(_, l)| ((l - max) / c.temperature).exp())
+            .collect();
+        let total: f32 = weights.iter().sum();
+        let mut r = self.rng.next_f32() * total;
+        for (&(id, _), w) in cands.iter().zip(&weights) {
+            if r < *w {
+                return id;
+            }
+            r -= w;
+        }
+        cands[cands.len() - 1].0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
+        let mut s = Sampler::new(SamplerConfig::default());
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0, 3.0], &[]), 1);
+    }
+
+    #[test]
+    fn the_same_seed_reproduces_the_same_draws() {
+        let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..SamplerConfig::default()
+        };
+        let draw = |cfg: &SamplerConfig| {
+            let mut s = Sampler::new(cfg.clone());
+            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(&cfg), draw(&cfg));
+        assert_ne!(
+            draw(&cfg),
+            draw(&SamplerConfig {
+                seed: 43,
+                ..cfg.clone()
+            })
+        );
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_even_when_hot() {
+        let logits = [0.1, 0.5, 2.0, 1.9];
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 5.0,
+            top_k: 1,
+            ..SamplerConfig::default()
+        });
+        assert!((0..100).all(|_| s.sample(&logits, &[]) == 2));
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_unlikely_tail() {
+        // Token 0 holds almost all the mass: top-p 0.5 keeps only it.
+        let logits = [10.0, 0.0, 0.0, 0.0];
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            ..SamplerConfig::default()
+        });
+        assert!((0..100).all(|_| s.sample(&logits, &[]) == 0));
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            ..SamplerConfig::default()
+        });
+        let flat = [1.0, 1.0, -5.0, -5.0];
+        assert!((0..200).all(|_| s.sample(&flat, &[]) < 2));
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        // p(1) = e / (1 + e) ≈ 0.731 at temperature 1.
+        let logits = [0.0, 1.0];
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..SamplerConfig::default()
+        });
+        let ones = (0..10_000).filter(|_| s.sample(&logits, &[]) == 1).count();
+        assert!((7_000..7_600).contains(&ones), "{ones}");
+    }
+
+    #[test]
+    fn repetition_penalty_demotes_seen_tokens() {
+        let logits = [2.0, 1.9, -1.0];
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.5,
+            ..SamplerConfig::default()
+        });
+        assert_eq!(s.sample(&logits, &[0]), 1);
+        assert_eq!(s.sample(&logits, &[]), 0);
+    }
+}

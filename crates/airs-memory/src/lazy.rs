@@ -1,0 +1,441 @@
+//! The lazy loader: the region is registered with userfaultfd and filled while inference runs.
+//!
+//! Design: §6.4 steps 2–7 of the model-memory chapter, with the fault-around and deterministic
+//! layer prefetch it proposes. Two threads share one [`Worker`]:
+//! - the **fault handler** polls the userfaultfd and resolves each fault by copying the whole
+//!   aligned chunk around it (`chunk_bytes`, default 2 MiB, clipped to the file end, the last page
+//!   padded with zeros). A fault inside a layer also counts as a layer hint.
+//! - the **background thread** prefetches layers k+1 ..= k+`prefetch_layers` after
+//!   `enter_layer(k)`, and otherwise fills the rest in inference order (header, layers, output,
+//!   embedding table last), one chunk at a time, yielding to pending faults between chunks. When
+//!   every chunk is loaded it stops the handler, unregisters, collapses to huge pages, makes the
+//!   region read-only, pins it, and records the time.
+//!
+//! Every chunk is claimed in an atomic bitmap before it is read, so no byte is read twice; a fault
+//! on a chunk another thread is filling just waits for that thread's `UFFDIO_COPY`, which wakes it.
+//! After a copy the file's page-cache pages are dropped (no double residency). A read error
+//! (truncated or vanished file) sets a sticky error, and every unloaded chunk is then zero-mapped
+//! so that no reader ever hangs; the region is left unpinned and `wait_resident` returns the error.
+//! Cost: two threads and two chunk buffers during the load; one pread + one UFFDIO_COPY per chunk.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
+
+use crate::error::{ErrorKind, MemoryError};
+use crate::layout::{ChunkPlan, RegionLayout};
+use crate::loader::{LoadOptions, LoaderKind};
+use crate::region::{
+    ChunkBitmap, FinalizeOptions, Memory, ModelRegion, NO_LAYER, Notice, NoticeKind, Shared,
+    Status, errno_name, finalize_anonymous, huge_pages_usable,
+};
+use crate::storage::Storage;
+use crate::sys::{self, AnonMapping};
+use crate::uffd::Userfaultfd;
+
+/// Why the lazy loader could not start.
+pub(crate) enum StartError {
+    /// userfaultfd is not usable here: fall back to mmap (the storage is handed back).
+    Unavailable { storage: Storage, reason: String },
+    /// Something else failed: report it.
+    Fatal(MemoryError),
+}
+
+impl From<MemoryError> for StartError {
+    fn from(e: MemoryError) -> Self {
+        StartError::Fatal(e)
+    }
+}
+
+/// Registers a new region and starts the handler and background threads.
+pub(crate) fn start(
+    storage: Storage,
+    layout: &RegionLayout,
+    chunk_bytes: u64,
+    o: &LoadOptions,
+    huge_page_size: usize,
+    started: Instant,
+) -> std::result::Result<Arc<ModelRegion>, StartError> {
+    let uffd = match Userfaultfd::open() {
+        Ok(u) => u,
+        Err(e) => {
+            return Err(StartError::Unavailable {
+                storage,
+                reason: format!("userfaultfd unavailable ({})", errno_name(e)),
+            });
+        }
+    };
+    let file_len = layout.file_len;
+    let map = AnonMapping::new(file_len as usize, huge_page_size)
+        .map_err(|e| MemoryError::with_errno(ErrorKind::Map, "anonymous model region", e))?;
+    // SAFETY: `map` is a private anonymous mapping we just created; nothing references its bytes
+    // yet, and from now on they are defined only by this userfaultfd's COPY/ZEROPAGE.
+    let ioctls = match unsafe { uffd.register_missing(map.addr(), map.len()) } {
+        Ok(i) => i,
+        Err(e) => {
+            return Err(StartError::Unavailable {
+                storage,
+                reason: format!("UFFDIO_REGISTER refused ({})", errno_name(e)),
+            });
+        }
+    };
+    use linux_raw_sys::general::{_UFFDIO_COPY, _UFFDIO_WAKE, _UFFDIO_ZEROPAGE};
+    let needed = (1u64 << _UFFDIO_COPY) | (1u64 << _UFFDIO_ZEROPAGE) | (1u64 << _UFFDIO_WAKE);
+    if ioctls & needed != needed {
+        return Err(StartError::Unavailable {
+            storage,
+            reason: "userfaultfd lacks UFFDIO_COPY/ZEROPAGE on anonymous memory".into(),
+        });
+    }
+    let wake_fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+        .map_err(|e| MemoryError::with_errno(ErrorKind::Userfaultfd, "eventfd", e))?;
+    let shared = Arc::new(Shared::new(
+        LoaderKind::Lazy,
+        file_len,
+        chunk_bytes,
+        Some(wake_fd),
+        started,
+    ));
+    let plan = ChunkPlan::new(layout, chunk_bytes);
+    let map = Arc::new(map);
+    let worker = Arc::new(Worker {
+        claimed: ChunkBitmap::new(plan.chunk_count),
+        shared: shared.clone(),
+        map: map.clone(),
+        uffd,
+        storage,
+        plan,
+        pending_faults: AtomicUsize::new(0),
+        handler_stop: AtomicBool::new(false),
+        prefetch_layers: o.prefetch_layers,
+        background_fill: o.background_fill,
+        filler_bytes_per_s: o.filler_bytes_per_s,
+        page_size: sys::page_size(),
+        finalize: FinalizeOptions::from_load(o, huge_page_size),
+        collapse_early: huge_pages_usable(&FinalizeOptions::from_load(o, huge_page_size)),
+    });
+    let spawn_err =
+        |e: std::io::Error| MemoryError::with_io(ErrorKind::Userfaultfd, "spawn loader thread", e);
+    let w = worker.clone();
+    let handler = std::thread::Builder::new()
+        .name("airs-uffd".into())
+        .spawn(move || w.handle_faults())
+        .map_err(spawn_err)?;
+    let background = std::thread::Builder::new()
+        .name("airs-loader".into())
+        .spawn(move || worker.run_background(handler));
+    let background = match background {
+        Ok(b) => b,
+        Err(e) => {
+            // The handler was detached with the failed closure: stop it.
+            shared.stop.store(true, Ordering::Release);
+            shared.wake_threads();
+            return Err(spawn_err(e).into());
+        }
+    };
+    let _ = shared.worker.set(background.thread().clone());
+    Ok(Arc::new(ModelRegion::from_parts(
+        Memory::Anon(map),
+        shared,
+        Some(background),
+        huge_page_size,
+    )))
+}
+
+/// What the handler and background threads share.
+struct Worker {
+    shared: Arc<Shared>,
+    map: Arc<AnonMapping>,
+    uffd: Userfaultfd,
+    storage: Storage,
+    plan: ChunkPlan,
+    /// Chunks some thread has taken on (filled or being filled).
+    claimed: ChunkBitmap,
+    /// Faults read from the descriptor and not yet resolved (the filler yields to them).
+    pending_faults: AtomicUsize,
+    handler_stop: AtomicBool,
+    prefetch_layers: u32,
+    background_fill: bool,
+    filler_bytes_per_s: Option<u64>,
+    page_size: usize,
+    finalize: FinalizeOptions,
+    /// Collapse each huge-page block to a huge page as soon as the background thread completes
+    /// it, so that little is left to collapse (copy) when the load finishes.
+    collapse_early: bool,
+}
+
+enum Outcome {
+    Done,
+    Failed,
+    Stopped,
+}
+
+impl Worker {
+    /// Fault-handler thread: poll, read fault messages, resolve them.
+    fn handle_faults(&self) {
+        let mut buf = Vec::new();
+        let mut faults = Vec::new();
+        let Some(wake_fd) = self.shared.wake_fd.as_ref() else {
+            return;
+        };
+        loop {
+            if self.handler_stop.load(Ordering::Acquire) || self.shared.stop.load(Ordering::Acquire)
+            {
+                return;
+            }
+            let mut fds = [
+                PollFd::new(&self.uffd, PollFlags::IN),
+                PollFd::new(wake_fd, PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+            if fds[1].revents().contains(PollFlags::IN) {
+                let mut counter = [0u8; 8];
+                let _ = rustix::io::read(wake_fd, &mut counter);
+            }
+            faults.clear();
+            while let Ok(Some(event)) = self.uffd.read_event() {
+                if let crate::uffd::Event::PageFault { address, .. } = event {
+                    faults.push(address as usize);
+                }
+            }
+            self.pending_faults.store(faults.len(), Ordering::Release);
+            for &address in &faults {
+                self.on_fault(address, &mut buf);
+                self.pending_faults.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn on_fault(&self, address: usize, buf: &mut Vec<u8>) {
+        let offset = address.wrapping_sub(self.map.addr());
+        if offset >= self.map.len() {
+            return;
+        }
+        if let Some(layer) = self.plan.layer_at(offset as u64)
+            && self.shared.layer_hint.swap(layer, Ordering::AcqRel) != layer
+            && let Some(t) = self.shared.worker.get()
+        {
+            t.unpark();
+        }
+        let chunk = offset / self.plan.chunk_bytes as usize;
+        if self.claimed.try_set(chunk) {
+            self.fill_chunk(chunk, buf);
+        } else if self.shared.filled.get(chunk) {
+            // Stale message: the page is there; make sure the faulting thread is awake.
+            let page = address & !(self.page_size - 1);
+            let _ = self.uffd.wake(page, self.page_size);
+        }
+        // Otherwise another thread is filling the chunk; it wakes the range after its copy.
+    }
+
+    /// Loads chunk `c` (already claimed by the caller) into the region.
+    fn fill_chunk(&self, c: usize, buf: &mut Vec<u8>) {
+        let r = self.plan.chunk_range(c, self.shared.file_len);
+        let (offset, len) = (r.start as usize, (r.end - r.start) as usize);
+        let copy_len = sys::round_up(len, self.page_size).min(self.map.len() - offset);
+        if self.shared.error.get().is_none() {
+            if buf.len() < copy_len {
+                buf.resize(copy_len, 0);
+            }
+            let loaded = self
+                .storage
+                .read_exact_at(r.start, &mut buf[..len])
+                .and_then(|()| {
+                    buf[len..copy_len].fill(0);
+                    self.uffd
+                        .copy_all(self.map.addr() + offset, &buf[..copy_len], self.page_size)
+                        .map_err(|e| {
+                            MemoryError::with_errno(
+                                ErrorKind::Userfaultfd,
+                                format!("UFFDIO_COPY at offset {offset}"),
+                                e,
+                            )
+                        })
+                });
+            match loaded {
+                Ok(_) => {
+                    // Publish the chunk before waking its readers, so that a reader that sees the
+                    // bytes also sees them counted.
+                    self.done(c, len as u64);
+                    let _ = self.uffd.wake(self.map.addr() + offset, copy_len);
+                    self.storage.drop_cache(r.start, len as u64);
+                    return;
+                }
+                Err(e) => self.fail(e),
+            }
+        }
+        self.zero_fill(offset, copy_len);
+        self.done(c, 0);
+    }
+
+    fn done(&self, c: usize, bytes: u64) {
+        self.shared.mark_filled(c, bytes);
+        if (self.shared.all_filled() || self.shared.error.get().is_some())
+            && let Some(t) = self.shared.worker.get()
+        {
+            t.unpark();
+        }
+    }
+
+    /// Records the first error; from then on chunks are zero-mapped instead of read.
+    fn fail(&self, e: MemoryError) {
+        let message = format!("lazy load failed ({e}); bytes not yet loaded read as zeros");
+        if self.shared.error.set(e).is_ok() {
+            self.shared
+                .notice(Notice::new(NoticeKind::LoadFailed, message));
+        }
+        if let Some(t) = self.shared.worker.get() {
+            t.unpark();
+        }
+    }
+
+    /// Resolves `[offset, offset + len)` without data so readers never hang.
+    fn zero_fill(&self, offset: usize, len: usize) {
+        let dst = self.map.addr() + offset;
+        if self.uffd.zeropage(dst, len).is_err() {
+            let zeros = vec![0u8; len];
+            let _ = self.uffd.copy_all(dst, &zeros, self.page_size);
+            let _ = self.uffd.wake(dst, len);
+        }
+    }
+
+    /// Background thread: prefetch, fill, finalize.
+    fn run_background(self: Arc<Self>, handler: JoinHandle<()>) {
+        let outcome = self.fill_loop();
+        self.handler_stop.store(true, Ordering::Release);
+        self.shared.wake_threads();
+        let _ = handler.join();
+        match outcome {
+            Outcome::Stopped => {}
+            Outcome::Done => {
+                let _ = self.uffd.unregister(self.map.addr(), self.map.len());
+                finalize_anonymous(&self.map, &self.shared, self.finalize);
+                self.shared.set_status(Status::Resident);
+            }
+            Outcome::Failed => {
+                let _ = self.uffd.unregister(self.map.addr(), self.map.len());
+                if self.map.make_read_only().is_ok() {
+                    self.shared.read_only.store(true, Ordering::Release);
+                }
+                self.shared.set_status(Status::Failed);
+            }
+        }
+    }
+
+    fn fill_loop(&self) -> Outcome {
+        let mut buf = Vec::new();
+        let mut cursor = 0;
+        let mut filler_next = Instant::now();
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                return Outcome::Stopped;
+            }
+            if self.shared.error.get().is_some() {
+                for c in 0..self.plan.chunk_count {
+                    if self.claimed.try_set(c) {
+                        let r = self.plan.chunk_range(c, self.shared.file_len);
+                        let len = sys::round_up((r.end - r.start) as usize, self.page_size);
+                        self.zero_fill(
+                            r.start as usize,
+                            len.min(self.map.len() - r.start as usize),
+                        );
+                        self.done(c, 0);
+                    }
+                }
+                if self.shared.all_filled() {
+                    return Outcome::Failed;
+                }
+                std::thread::park_timeout(Duration::from_millis(1));
+                continue;
+            }
+            if self.shared.all_filled() {
+                return Outcome::Done;
+            }
+            if self.pending_faults.load(Ordering::Acquire) > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            if let Some(c) = self.next_prefetch() {
+                if self.claimed.try_set(c) {
+                    self.fill_chunk(c, &mut buf);
+                    self.collapse_completed_blocks(c);
+                }
+                continue;
+            }
+            if self.background_fill {
+                let order = &self.plan.fill_order;
+                while cursor < order.len() && self.claimed.get(order[cursor] as usize) {
+                    cursor += 1;
+                }
+                if cursor < order.len() {
+                    let now = Instant::now();
+                    if now < filler_next {
+                        std::thread::park_timeout(filler_next - now);
+                        continue;
+                    }
+                    let c = order[cursor] as usize;
+                    if let Some(&next) = order.get(cursor + 1)
+                        && !self.claimed.get(next as usize)
+                    {
+                        // Let the device read the next chunk while this one is copied.
+                        let r = self.plan.chunk_range(next as usize, self.shared.file_len);
+                        self.storage.will_need(r.start, r.end - r.start);
+                    }
+                    if self.claimed.try_set(c) {
+                        self.fill_chunk(c, &mut buf);
+                        self.collapse_completed_blocks(c);
+                        if let Some(rate) = self.filler_bytes_per_s {
+                            let r = self.plan.chunk_range(c, self.shared.file_len);
+                            let cost = (r.end - r.start) as f64 / rate.max(1) as f64;
+                            filler_next = filler_next.max(now) + Duration::from_secs_f64(cost);
+                        }
+                    }
+                    continue;
+                }
+            }
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+    }
+
+    /// Collapses the huge-page blocks overlapping chunk `c` that are now completely loaded.
+    /// MADV_COLLAPSE works on a userfaultfd-armed range once every page of the block is present.
+    fn collapse_completed_blocks(&self, c: usize) {
+        if !self.collapse_early || self.shared.error.get().is_some() {
+            return;
+        }
+        let huge = self.finalize.huge_page_size as u64;
+        let whole_blocks_end = self.map.len() as u64 / huge * huge;
+        let cb = self.plan.chunk_bytes;
+        let r = self.plan.chunk_range(c, self.shared.file_len);
+        for block in r.start / huge..=(r.end - 1) / huge {
+            let (start, end) = (block * huge, (block + 1) * huge);
+            if end > whole_blocks_end {
+                break;
+            }
+            let last_chunk = ((end - 1) / cb).min(self.plan.chunk_count as u64 - 1);
+            if (start / cb..=last_chunk).all(|c| self.shared.filled.get(c as usize)) {
+                let _ = self.map.collapse(start as usize, huge as usize);
+            }
+        }
+    }
+
+    /// First unclaimed chunk of the layers after the current hint, in order.
+    fn next_prefetch(&self) -> Option<usize> {
+        let hint = self.shared.layer_hint.load(Ordering::Acquire);
+        if hint == NO_LAYER {
+            return None;
+        }
+        (hint.saturating_add(1)..=hint.saturating_add(self.prefetch_layers))
+            .map_while(|l| self.plan.layer_chunks.get(l as usize))
+            .flatten()
+            .map(|&c| c as usize)
+            .find(|&c| !self.claimed.get(c))
+    }
+}

@@ -1,0 +1,330 @@
+//! The [`Tokenizer`]: encoding text to token ids and decoding ids to bytes, over either a
+//! SentencePiece BPE or a byte-level BPE vocabulary. Building one from GGUF metadata is in
+//! `load.rs`.
+
+use crate::bpe::{self, BpeMerges, BpeScratch};
+use crate::bytelevel;
+use crate::pretokenize::{PreTokenizer, PreTokenizerKind};
+use crate::special::{self, Fragment};
+use crate::spm::{self, SpmScratch};
+use crate::vocab::{TokenAttrs, Vocab};
+use crate::{StreamDecoder, TokenId};
+
+/// Which tokenization algorithm a vocabulary uses (`tokenizer.ggml.model`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ModelKind {
+    /// `llama`: SentencePiece BPE with merges implied by the token scores, `▁` for spaces and
+    /// `<0xXX>` byte fallback.
+    SentencePiece,
+    /// `gpt2`: byte-level BPE with an explicit merge list and a regex pre-tokenizer.
+    ByteLevelBpe,
+}
+
+/// How to encode a piece of text.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Prepend the BOS token (nothing is prepended if the vocabulary has none). Pass
+    /// [`Tokenizer::add_bos`] to do what the model expects at the start of a sequence.
+    pub add_bos: bool,
+    /// Recognise control tokens written as text (`<|im_start|>`, `<s>`, ...). Leave off for
+    /// untrusted text. User-defined tokens are recognised either way.
+    pub parse_special: bool,
+}
+
+impl EncodeOptions {
+    /// The options for a whole prompt built by the program (e.g. a rendered chat template):
+    /// BOS as the model wants it, special tokens parsed. This is how the reference token ids
+    /// in testdata/reference were produced.
+    pub fn prompt(tokenizer: &Tokenizer) -> EncodeOptions {
+        EncodeOptions {
+            add_bos: tokenizer.add_bos(),
+            parse_special: true,
+        }
+    }
+}
+
+/// The model-specific part of a tokenizer.
+#[derive(Debug)]
+pub(crate) enum Model {
+    SentencePiece {
+        /// The token for each byte in the byte fallback (`<0xXX>`, or the one-byte token).
+        byte_tokens: Box<[Option<TokenId>; 256]>,
+    },
+    ByteLevelBpe {
+        merges: BpeMerges,
+        pre: PreTokenizer,
+    },
+}
+
+/// A tokenizer built from a model's vocabulary. Immutable and `Sync`: share one between
+/// threads; encoding allocates its own scratch space.
+#[derive(Debug)]
+pub struct Tokenizer {
+    pub(crate) vocab: Vocab,
+    pub(crate) model: Model,
+    pub(crate) bos: Option<TokenId>,
+    pub(crate) eos: Option<TokenId>,
+    pub(crate) eot: Option<TokenId>,
+    pub(crate) unk: Option<TokenId>,
+    /// Tokens that end generation, sorted.
+    pub(crate) end_of_generation: Vec<TokenId>,
+    pub(crate) add_bos: bool,
+    pub(crate) add_space_prefix: bool,
+    /// Control, user-defined and unknown tokens, longest text first.
+    pub(crate) specials: Vec<TokenId>,
+}
+
+impl Tokenizer {
+    /// Encode `text` to token ids.
+    ///
+    /// Special tokens are split out first (see [`EncodeOptions::parse_special`]); each text
+    /// fragment between them is then tokenized on its own. For SentencePiece vocabularies a
+    /// space is prefixed to the first fragment and to every fragment that follows a special
+    /// token (when `add_space_prefix` is on, the default), exactly as llama.cpp does. EOS is
+    /// never appended.
+    pub fn encode(&self, text: &str, options: EncodeOptions) -> Vec<TokenId> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if options.add_bos {
+            out.extend(self.bos);
+        }
+        let fragments =
+            special::partition(&self.vocab, &self.specials, text, options.parse_special);
+        match &self.model {
+            Model::SentencePiece { byte_tokens } => {
+                let mut scratch = SpmScratch::default();
+                let mut escaped = String::new();
+                let mut after_special = true;
+                for fragment in fragments {
+                    match fragment {
+                        Fragment::Token(id) => {
+                            out.push(id);
+                            after_special = true;
+                        }
+                        Fragment::Text(range) => {
+                            escaped.clear();
+                            if self.add_space_prefix && after_special {
+                                escaped.push('\u{2581}');
+                            }
+                            for c in text[range].chars() {
+                                escaped.push(if c == ' ' { '\u{2581}' } else { c });
+                            }
+                            spm::encode(
+                                &self.vocab,
+                                byte_tokens,
+                                self.unk,
+                                &escaped,
+                                &mut out,
+                                &mut scratch,
+                            );
+                            after_special = false;
+                        }
+                    }
+                }
+            }
+            Model::ByteLevelBpe { merges, pre } => {
+                let mut scratch = BpeScratch::default();
+                let (mut words, mut split_scratch) = (Vec::new(), Vec::new());
+                let ignore_merges = pre.kind().ignore_merges();
+                for fragment in fragments {
+                    match fragment {
+                        Fragment::Token(id) => out.push(id),
+                        Fragment::Text(range) => {
+                            let fragment_text = &text[range];
+                            pre.split(fragment_text, &mut words, &mut split_scratch);
+                            for word in &words {
+                                bpe::encode_word(
+                                    &self.vocab,
+                                    merges,
+                                    ignore_merges,
+                                    &fragment_text.as_bytes()[word.clone()],
+                                    &mut out,
+                                    &mut scratch,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Decode token ids to text, as one would print them: control tokens (BOS, EOS,
+    /// `<|im_end|>`, ...) and unknown tokens produce nothing, user-defined tokens their text,
+    /// byte tokens their byte; bytes that do not form valid UTF-8 become U+FFFD. For
+    /// SentencePiece the space that [`Tokenizer::encode`] prefixes is removed from the first
+    /// piece of text, so `decode(encode(x)) == x` for plain text. Ids outside the vocabulary
+    /// are skipped. The same as feeding the ids to [`StreamDecoder::at_sequence_start`].
+    ///
+    /// Unlike llama.cpp's `llama_detokenize`, no "clean up tokenization spaces" pass is made
+    /// (it would make decoding disagree with streaming, and is off for Qwen2 anyway).
+    pub fn decode(&self, ids: &[TokenId]) -> String {
+        let mut decoder = StreamDecoder::at_sequence_start();
+        let mut text = String::new();
+        for &id in ids {
+            text.push_str(decoder.push(self, id));
+        }
+        text.push_str(decoder.finish());
+        text
+    }
+
+    /// Append the bytes token `id` stands for to `out` (see [`Tokenizer::decode`]); with
+    /// `render_special`, control and unknown tokens append their text instead of nothing.
+    /// Returns false (appending nothing) for an id outside the vocabulary.
+    pub fn append_token_bytes(&self, id: TokenId, render_special: bool, out: &mut Vec<u8>) -> bool {
+        if !self.vocab.contains(id) {
+            return false;
+        }
+        let attrs = self.vocab.attrs(id);
+        let text = self.vocab.text(id);
+        if attrs.contains(TokenAttrs::CONTROL.union(TokenAttrs::UNKNOWN)) {
+            if render_special {
+                out.extend_from_slice(text.as_bytes());
+            }
+        } else if attrs.contains(TokenAttrs::USER_DEFINED) {
+            out.extend_from_slice(text.as_bytes());
+        } else if attrs.contains(TokenAttrs::NORMAL) {
+            match self.model {
+                Model::SentencePiece { .. } => {
+                    for (i, part) in text.split('\u{2581}').enumerate() {
+                        if i > 0 {
+                            out.push(b' ');
+                        }
+                        out.extend_from_slice(part.as_bytes());
+                    }
+                }
+                Model::ByteLevelBpe { .. } => bytelevel::decode_into(text, out),
+            }
+        } else if attrs.contains(TokenAttrs::BYTE) {
+            match parse_byte_token(text) {
+                Some(b) => out.push(b),
+                None => out.extend_from_slice(text.as_bytes()),
+            }
+        }
+        // Unused and undefined tokens decode to nothing, as in llama.cpp.
+        true
+    }
+
+    /// The raw text of token `id` as stored in the vocabulary (`▁Hello`, `ĠHello`, `<0x0A>`,
+    /// `<|im_end|>`), for display and debugging; `None` outside the vocabulary.
+    pub fn token_piece(&self, id: TokenId) -> Option<&str> {
+        self.vocab.contains(id).then(|| self.vocab.text(id))
+    }
+
+    /// The token whose raw text is exactly `piece` (e.g. `"<|im_end|>"`).
+    pub fn token_id(&self, piece: &str) -> Option<TokenId> {
+        self.vocab.lookup(piece.as_bytes())
+    }
+
+    /// Whether `id` is a control token (BOS, EOS, `<|im_start|>`, ...), which decodes to
+    /// nothing.
+    pub fn is_control(&self, id: TokenId) -> bool {
+        self.vocab.contains(id) && self.vocab.attrs(id).contains(TokenAttrs::CONTROL)
+    }
+
+    /// Whether `id` is a special token: control, user-defined or unknown (the tokens that
+    /// [`EncodeOptions::parse_special`] recognises in text).
+    pub fn is_special(&self, id: TokenId) -> bool {
+        self.vocab.contains(id)
+            && self.vocab.attrs(id).contains(
+                TokenAttrs::CONTROL
+                    .union(TokenAttrs::USER_DEFINED)
+                    .union(TokenAttrs::UNKNOWN),
+            )
+    }
+
+    /// The beginning-of-sequence token, if the vocabulary has one.
+    pub fn bos_id(&self) -> Option<TokenId> {
+        self.bos
+    }
+
+    /// The end-of-sequence token, if the vocabulary has one.
+    pub fn eos_id(&self) -> Option<TokenId> {
+        self.eos
+    }
+
+    /// The end-of-turn token: `tokenizer.ggml.eot_token_id`, or else the first present of
+    /// `<|eot_id|>`, `<|im_end|>`, `<|end|>`, `<end_of_turn>`, `<|endoftext|>`, ...
+    pub fn eot_id(&self) -> Option<TokenId> {
+        self.eot
+    }
+
+    /// The unknown token, if the vocabulary has one.
+    pub fn unk_id(&self) -> Option<TokenId> {
+        self.unk
+    }
+
+    /// Every token that ends generation (sorted): EOS, the EOT/EOM ids from the file, and
+    /// the control or user-defined tokens named `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`,
+    /// `<|eom_id|>`, `<|end|>`, `<end_of_turn>`, `<|end_of_text|>`, `<EOT>`, and the FIM
+    /// padding/repo/file-separator tokens, as llama.cpp does.
+    pub fn end_of_generation_ids(&self) -> &[TokenId] {
+        &self.end_of_generation
+    }
+
+    /// Whether generating `id` should end generation.
+    pub fn is_end_of_generation(&self, id: TokenId) -> bool {
+        self.end_of_generation.binary_search(&id).is_ok()
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_len(&self) -> usize {
+        self.vocab.len()
+    }
+
+    /// Whether the model expects BOS at the start of a sequence
+    /// (`tokenizer.ggml.add_bos_token`; when absent: true for SentencePiece and Llama 3,
+    /// false for other byte-level BPE models).
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Whether SentencePiece encoding prefixes a space (`tokenizer.ggml.add_space_prefix`,
+    /// default true; always false for byte-level BPE).
+    pub fn add_space_prefix(&self) -> bool {
+        self.add_space_prefix
+    }
+
+    pub fn model_kind(&self) -> ModelKind {
+        match self.model {
+            Model::SentencePiece { .. } => ModelKind::SentencePiece,
+            Model::ByteLevelBpe { .. } => ModelKind::ByteLevelBpe,
+        }
+    }
+
+    /// The pre-tokenizer of a byte-level BPE vocabulary (`None` for SentencePiece, which has
+    /// none).
+    pub fn pre_kind(&self) -> Option<PreTokenizerKind> {
+        match &self.model {
+            Model::SentencePiece { .. } => None,
+            Model::ByteLevelBpe { pre, .. } => Some(pre.kind()),
+        }
+    }
+
+    /// Number of merge rules in use (0 for SentencePiece).
+    pub fn merge_count(&self) -> usize {
+        match &self.model {
+            Model::SentencePiece { .. } => 0,
+            Model::ByteLevelBpe { merges, .. } => merges.len(),
+        }
+    }
+
+    /// Number of merge rules left out because their result is not a token (0 for every
+    /// known vocabulary).
+    pub fn skipped_merge_count(&self) -> usize {
+        match &self.model {
+            Model::SentencePiece { .. } => 0,
+            Model::ByteLevelBpe { merges, .. } => merges.skipped(),
+        }
+    }
+}
+
+/// The byte of a `<0xXX>` token.
+pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
