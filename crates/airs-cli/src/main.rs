@@ -1,5 +1,6 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
+mod bench;
 mod inspect;
 mod model_file;
 mod run;
@@ -50,6 +51,15 @@ enum Command {
     },
     /// Generate text, streaming it to stdout.
     Run(run::RunArgs),
+    /// Benchmarks (reported as medians; not part of the test suite).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode tokens/s and the weight bandwidth decode achieves.
+    Decode(bench::BenchDecodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +77,7 @@ fn main() -> ExitCode {
         } => ModelFile::open(Some(&model))
             .and_then(|m| tokenize::run(&m, &text, no_bos, no_special, json)),
         Command::Run(args) => run::run(args),
+        Command::Bench(BenchCommand::Decode(args)) => bench::run_decode(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

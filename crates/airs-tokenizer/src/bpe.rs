@@ -142,6 +142,12 @@ impl BpeMerges {
     fn merge(&self, left: TokenId, right: TokenId) -> Option<Merge> {
         self.merges.get(&pair_key(left, right)).copied()
     }
+
+    /// The rank and result of merging `left` and `right`, if a rule does.
+    #[cfg(test)]
+    pub fn rank_of(&self, left: TokenId, right: TokenId) -> Option<(u32, TokenId)> {
+        self.merge(left, right).map(|m| (m.rank, m.merged))
+    }
 }
 
 const NO_TOKEN: u32 = u32::MAX;

@@ -81,6 +81,16 @@ fn opt_array<'a>(
     }
 }
 
+fn opt_str<'a>(g: &Gguf<'a>, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_str() {
+            Some(text) => Ok(Some(text)),
+            None => wrong_type(key, "a UTF-8 string"),
+        },
+    }
+}
+
 fn opt_bool(g: &Gguf<'_>, key: &'static str) -> Result<Option<bool>, TokenizerError> {
     match g.get(key) {
         None => Ok(None),
@@ -143,12 +153,7 @@ impl Tokenizer {
     /// -1/u32::MAX, meaning none), malformed merges or merges naming unknown tokens, and
     /// more than [`MAX_VOCAB_LEN`] tokens or [`MAX_MERGES`] merges.
     pub fn from_gguf(g: &Gguf<'_>) -> Result<Tokenizer, TokenizerError> {
-        let model_name = match g.get(KEY_MODEL) {
-            None => return err(TokenizerErrorKind::MissingKey(KEY_MODEL)),
-            Some(v) => v
-                .as_str()
-                .map_or_else(|| wrong_type(KEY_MODEL, "a string"), Ok)?,
-        };
+        let model_name = opt_str(g, KEY_MODEL)?.ok_or(TokenizerErrorKind::MissingKey(KEY_MODEL))?;
         let is_spm = match model_name {
             "llama" => true,
             "gpt2" => false,
@@ -237,15 +242,10 @@ impl Tokenizer {
         let pre_kind = if is_spm {
             None
         } else {
-            Some(match g.get(KEY_PRE) {
+            Some(match opt_str(g, KEY_PRE)? {
                 None => PreTokenizerKind::Default,
-                Some(v) => {
-                    let name = v
-                        .as_str()
-                        .map_or_else(|| wrong_type(KEY_PRE, "a string"), Ok)?;
-                    PreTokenizerKind::from_name(name)
-                        .ok_or_else(|| TokenizerErrorKind::UnknownPreTokenizer(name.to_owned()))?
-                }
+                Some(name) => PreTokenizerKind::from_name(name)
+                    .ok_or_else(|| TokenizerErrorKind::UnknownPreTokenizer(name.to_owned()))?,
             })
         };
 

@@ -99,3 +99,72 @@ fn split_at(
         out.push(Fragment::Text(start..end));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vocab(tokens: &[(&str, TokenAttrs)]) -> Vocab {
+        Vocab::build(
+            tokens.iter().map(|(t, _)| t.as_bytes()),
+            tokens.len(),
+            vec![0.0; tokens.len()],
+            tokens.iter().map(|&(_, a)| a).collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn longest_first_user_defined_always_control_only_when_asked() {
+        let control = TokenAttrs::CONTROL;
+        let user = TokenAttrs::USER_DEFINED;
+        let v = vocab(&[
+            ("<a>", control),
+            ("<a><a>", user),
+            ("[x]", user),
+            ("z", TokenAttrs::NORMAL),
+        ]);
+        let specials = [TokenId(1), TokenId(0), TokenId(2)];
+        let text = "q<a><a><a>r[x]";
+        assert_eq!(
+            partition(&v, &specials, text, true),
+            [
+                Fragment::Text(0..1),
+                Fragment::Token(TokenId(1)),
+                Fragment::Token(TokenId(0)),
+                Fragment::Text(10..11),
+                Fragment::Token(TokenId(2)),
+            ]
+        );
+        assert_eq!(
+            partition(&v, &specials, text, false),
+            [
+                Fragment::Text(0..1),
+                Fragment::Token(TokenId(1)),
+                Fragment::Text(7..11),
+                Fragment::Token(TokenId(2)),
+            ]
+        );
+        assert!(partition(&v, &specials, "", true).is_empty());
+    }
+
+    #[test]
+    fn strip_flags_swallow_adjacent_whitespace() {
+        let attrs = TokenAttrs::USER_DEFINED
+            .union(TokenAttrs::LSTRIP)
+            .union(TokenAttrs::RSTRIP);
+        let v = vocab(&[("<m>", attrs)]);
+        assert_eq!(
+            partition(&v, &[TokenId(0)], "a \t<m>\n b", false),
+            [
+                Fragment::Text(0..1),
+                Fragment::Token(TokenId(0)),
+                Fragment::Text(8..9)
+            ]
+        );
+        assert_eq!(
+            partition(&v, &[TokenId(0)], "  <m>  ", false),
+            [Fragment::Token(TokenId(0))]
+        );
+    }
+}

@@ -59,7 +59,6 @@ pub(crate) enum Model {
 
 /// A tokenizer built from a model's vocabulary. Immutable and `Sync`: share one between
 /// threads; encoding allocates its own scratch space.
-#[derive(Debug)]
 pub struct Tokenizer {
     pub(crate) vocab: Vocab,
     pub(crate) model: Model,
@@ -73,6 +72,24 @@ pub struct Tokenizer {
     pub(crate) add_space_prefix: bool,
     /// Control, user-defined and unknown tokens, longest text first.
     pub(crate) specials: Vec<TokenId>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    /// A summary (the vocabulary itself would be megabytes of output).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("model", &self.model_kind())
+            .field("pre", &self.pre_kind())
+            .field("vocab_len", &self.vocab_len())
+            .field("merges", &self.merge_count())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eot", &self.eot)
+            .field("add_bos", &self.add_bos)
+            .field("add_space_prefix", &self.add_space_prefix)
+            .field("end_of_generation", &self.end_of_generation)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tokenizer {
@@ -327,4 +344,158 @@ pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizers_and_templates_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Tokenizer>();
+        shareable::<crate::chat::ChatTemplate>();
+        shareable::<StreamDecoder>();
+    }
+
+    #[test]
+    fn byte_tokens_parse() {
+        assert_eq!(parse_byte_token("<0x0A>"), Some(10));
+        assert_eq!(parse_byte_token("<0xff>"), Some(255));
+        assert_eq!(parse_byte_token("<0x0A"), None);
+        assert_eq!(parse_byte_token("<0x123>"), None);
+        assert_eq!(parse_byte_token("a"), None);
+    }
+}
+
+/// Differential tests: the heap-based merge loops against the obvious quadratic ones.
+#[cfg(test)]
+mod differential {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn load(name: &str) -> Tokenizer {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizer")
+            .join(name);
+        let bytes = std::fs::read(path).unwrap();
+        Tokenizer::from_gguf(&airs_gguf::Gguf::parse(&bytes).unwrap()).unwrap()
+    }
+
+    fn spm() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load("ggml-vocab-llama-spm.gguf"))
+    }
+
+    fn gpt2() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load("ggml-vocab-gpt-2.gguf"))
+    }
+
+    /// SentencePiece merging by rescanning all pairs after every merge.
+    fn naive_spm(t: &Tokenizer, escaped: &str) -> Vec<TokenId> {
+        let Model::SentencePiece { byte_tokens } = &t.model else {
+            unreachable!()
+        };
+        let mut symbols: Vec<&str> = escaped
+            .char_indices()
+            .map(|(i, c)| &escaped[i..i + c.len_utf8()])
+            .collect();
+        loop {
+            let mut best: Option<(f32, usize, TokenId)> = None;
+            for i in 0..symbols.len().saturating_sub(1) {
+                let joined = format!("{}{}", symbols[i], symbols[i + 1]);
+                if let Some(id) = t.vocab.lookup(joined.as_bytes()) {
+                    let score = t.vocab.score(id);
+                    if best.is_none_or(|(s, _, _)| score > s) {
+                        best = Some((score, i, id));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { break };
+            let start = symbols[i].as_ptr() as usize - escaped.as_ptr() as usize;
+            let end = start + t.vocab.bytes(id).len();
+            symbols[i] = &escaped[start..end];
+            symbols.remove(i + 1);
+        }
+        let mut out = Vec::new();
+        for s in symbols {
+            match t.vocab.lookup(s.as_bytes()) {
+                Some(id) => out.push(id),
+                None => out.extend(s.bytes().filter_map(|b| byte_tokens[b as usize])),
+            }
+        }
+        out
+    }
+
+    /// Byte-level BPE by rescanning all pairs for the lowest rank after every merge.
+    fn naive_bpe_word(t: &Tokenizer, word: &[u8]) -> Vec<TokenId> {
+        let mut symbols: Vec<TokenId> = word
+            .iter()
+            .map(|&b| {
+                let mut s = String::new();
+                bytelevel::encode_into(&[b], &mut s);
+                t.vocab.lookup(s.as_bytes()).unwrap()
+            })
+            .collect();
+        let Model::ByteLevelBpe { merges, .. } = &t.model else {
+            unreachable!()
+        };
+        loop {
+            let mut best: Option<(u32, usize, TokenId)> = None;
+            for i in 0..symbols.len().saturating_sub(1) {
+                if let Some(m) = merges.rank_of(symbols[i], symbols[i + 1])
+                    && best.is_none_or(|(r, _, _)| m.0 < r)
+                {
+                    best = Some((m.0, i, m.1));
+                }
+            }
+            let Some((_, i, merged)) = best else { break };
+            symbols[i] = merged;
+            symbols.remove(i + 1);
+        }
+        symbols
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn spm_heap_matches_naive(text in "[a-z A-Zéüß0-9.,'\\n🦙中文▁]{0,40}") {
+            let t = spm();
+            let mut escaped = String::from("\u{2581}");
+            escaped.extend(text.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
+            let mut fast = Vec::new();
+            let Model::SentencePiece { byte_tokens } = &t.model else { unreachable!() };
+            spm::encode(&t.vocab, byte_tokens, t.unk, &escaped, &mut fast, &mut SpmScratch::default());
+            prop_assert_eq!(fast, naive_spm(t, &escaped));
+        }
+
+        #[test]
+        fn bpe_heap_matches_naive(word in "[a-z A-Z0-9éü'🦙]{1,24}") {
+            let t = gpt2();
+            let Model::ByteLevelBpe { merges, .. } = &t.model else { unreachable!() };
+            let mut fast = Vec::new();
+            bpe::encode_word(&t.vocab, merges, false, word.as_bytes(), &mut fast, &mut BpeScratch::default());
+            prop_assert_eq!(fast, naive_bpe_word(t, word.as_bytes()));
+        }
+
+        #[test]
+        fn byte_level_round_trips_any_text(text in "\\PC{0,40}") {
+            let t = gpt2();
+            let ids = t.encode(&text, EncodeOptions::default());
+            prop_assert_eq!(t.decode(&ids), text);
+        }
+
+        #[test]
+        fn sentencepiece_round_trips_text_without_markup(text in "[^<>\u{2581}]{0,40}") {
+            let t = spm();
+            let ids = t.encode(&text, EncodeOptions { add_bos: true, parse_special: false });
+            prop_assert_eq!(t.decode(&ids), text);
+        }
+    }
 }
