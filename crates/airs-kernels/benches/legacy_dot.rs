@@ -38,7 +38,9 @@ fn pseudo_random_floats(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
         })
         .collect()
@@ -59,9 +61,15 @@ fn fastest_call(mut f: impl FnMut(), budget: Duration) -> f64 {
 }
 
 fn main() {
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
-    println!("{:<40} {:>10} {:>10}", "case (single thread)", "µs/matvec", "GB/s");
+    println!(
+        "{:<40} {:>10} {:>10}",
+        "case (single thread)", "µs/matvec", "GB/s"
+    );
     for (rows, n) in SHAPES {
         for ty in TYPES {
             let w_row = row_bytes(ty, n).unwrap();
@@ -81,7 +89,11 @@ fn main() {
                     }
                     _ => (rows, matrix_bytes),
                 };
-                let copies = if regime == "dram" { DRAM_RING_BYTES.div_ceil(matrix_bytes) } else { 1 };
+                let copies = if regime == "dram" {
+                    DRAM_RING_BYTES.div_ceil(matrix_bytes)
+                } else {
+                    1
+                };
                 let labels: Vec<(Isa, String)> = Isa::all_available()
                     .into_iter()
                     .map(|isa| {
@@ -101,7 +113,8 @@ fn main() {
                         || {
                             let m = &ring[next];
                             next = (next + 1) % ring.len();
-                            matmul(isa, ty, n, black_box(m), black_box(&a), &mut out, rows).unwrap();
+                            matmul(isa, ty, n, black_box(m), black_box(&a), &mut out, rows)
+                                .unwrap();
                             black_box(&out);
                         },
                         Duration::from_millis(400),

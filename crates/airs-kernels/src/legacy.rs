@@ -197,11 +197,46 @@ macro_rules! quant_dot {
     };
 }
 
-quant_dot!(dot_q8_0, BlockQ8_0, scalar::dot_q8_0, dot_q8_0_avx2, dot_q8_0_avx512vnni, dot_q8_0);
-quant_dot!(dot_q4_0, BlockQ4_0, scalar::dot_q4_0, dot_q4_0_avx2, dot_q4_0_avx512vnni, dot_q4_0);
-quant_dot!(dot_q5_0, BlockQ5_0, scalar::dot_q5_0, dot_q5_0_avx2, dot_q5_0_avx512vnni, dot_q5_0);
-quant_dot!(dot_q4_1, BlockQ4_1, scalar::dot_q4_1, dot_q4_1_avx2, dot_q4_1_avx2, dot_q4_1);
-quant_dot!(dot_q5_1, BlockQ5_1, scalar::dot_q5_1, dot_q5_1_avx2, dot_q5_1_avx2, dot_q5_1);
+quant_dot!(
+    dot_q8_0,
+    BlockQ8_0,
+    scalar::dot_q8_0,
+    dot_q8_0_avx2,
+    dot_q8_0_avx512vnni,
+    dot_q8_0
+);
+quant_dot!(
+    dot_q4_0,
+    BlockQ4_0,
+    scalar::dot_q4_0,
+    dot_q4_0_avx2,
+    dot_q4_0_avx512vnni,
+    dot_q4_0
+);
+quant_dot!(
+    dot_q5_0,
+    BlockQ5_0,
+    scalar::dot_q5_0,
+    dot_q5_0_avx2,
+    dot_q5_0_avx512vnni,
+    dot_q5_0
+);
+quant_dot!(
+    dot_q4_1,
+    BlockQ4_1,
+    scalar::dot_q4_1,
+    dot_q4_1_avx2,
+    dot_q4_1_avx2,
+    dot_q4_1
+);
+quant_dot!(
+    dot_q5_1,
+    BlockQ5_1,
+    scalar::dot_q5_1,
+    dot_q5_1_avx2,
+    dot_q5_1_avx2,
+    dot_q5_1
+);
 
 // ---------------------------------------------------------------------------------------------
 // The kernel table.

@@ -94,7 +94,7 @@ fn kernels(ty: GgmlType) -> Result<&'static TypeKernels, KernelError> {
 
 fn check_row(ty: GgmlType, n: usize) -> Result<usize, KernelError> {
     let block_len = ty.block_len();
-    if n % block_len != 0 {
+    if !n.is_multiple_of(block_len) {
         return Err(KernelError::RaggedRow { ty, n, block_len });
     }
     Ok(n / block_len * ty.block_bytes())

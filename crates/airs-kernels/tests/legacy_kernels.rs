@@ -3,8 +3,8 @@
 //! dequantized rows, quantizer round trips and golden bytes, float conversions, length errors.
 
 use airs_kernels::{
-    ActType, GgmlType, Isa, KernelError, act_type, dequantize_row, dot, quantize_act,
-    quantize_row, row_bytes,
+    ActType, GgmlType, Isa, KernelError, act_type, dequantize_row, dot, quantize_act, quantize_row,
+    row_bytes,
 };
 use half::f16;
 
@@ -64,7 +64,11 @@ fn random_floats(rng: &mut Rng, n: usize, flavour: u64) -> Vec<f32> {
             0 => rng.unit(),
             1 => {
                 let x = rng.unit();
-                if rng.below(50) == 0 { x * 300.0 } else { x * 0.02 }
+                if rng.below(50) == 0 {
+                    x * 300.0
+                } else {
+                    x * 0.02
+                }
             }
             2 => 0.75,
             3 => {
@@ -100,7 +104,11 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, n: usize, flavour: u64) -> Vec<u8
             for c in w.chunks_exact_mut(2) {
                 // Any finite f16 (exponent field < 31).
                 let bits = u16::from_le_bytes([c[0], c[1]]);
-                let bits = if bits & 0x7C00 == 0x7C00 { bits & !0x4000 } else { bits };
+                let bits = if bits & 0x7C00 == 0x7C00 {
+                    bits & !0x4000
+                } else {
+                    bits
+                };
                 c.copy_from_slice(&bits.to_le_bytes());
             }
         }
@@ -132,7 +140,9 @@ fn random_act(rng: &mut Rng, ty: GgmlType, n: usize, flavour: u64) -> Vec<u8> {
     let act = act_type(ty).unwrap();
     let x: Vec<f32> = match flavour % 4 {
         // All codes at ±127 (Q8_0) / extremes.
-        3 => (0..n).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect(),
+        3 => (0..n)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect(),
         f => random_floats(rng, n, f),
     };
     let mut a = vec![0u8; act.row_bytes(n)];
@@ -362,7 +372,10 @@ fn q8_0_quantizer_matches_ggml_golden_bytes() {
         94, 98, 102, 107, 111, 115, 119, 123, 127,
     ];
     assert_eq!(q[..2], [0xD0, 0x33]);
-    assert_eq!(q[2..].iter().map(|&b| b as i8).collect::<Vec<_>>(), expected_codes);
+    assert_eq!(
+        q[2..].iter().map(|&b| b as i8).collect::<Vec<_>>(),
+        expected_codes
+    );
 
     // amax = 127 gives d = 1 (f16 0x3C00); roundf rounds halves away from zero (2.5 → 3,
     // -2.5 → -3, 0.5 → 1), unlike round-to-even.
@@ -505,7 +518,11 @@ fn f16_conversion_known_values() {
             assert!(f16::from_bits(bits).is_nan());
             continue;
         }
-        assert_eq!(v.to_bits(), f16::from_bits(bits).to_f32().to_bits(), "{bits:#x}");
+        assert_eq!(
+            v.to_bits(),
+            f16::from_bits(bits).to_f32().to_bits(),
+            "{bits:#x}"
+        );
         assert_eq!(f16_of(v), bits, "{bits:#x}");
     }
 }

@@ -6,12 +6,17 @@
 //! conversion and FMA per super-block; mins (Q2_K/Q4_K/Q5_K) and Q6_K's −32 offset come from the
 //! activation block sums. Differences from ggml: the Q4_K/Q5_K 6-bit scales are unpacked with a
 //! few vector ops instead of scalar shifts, scale broadcasts zero-extend in the same `vpshufb`,
-//! and the Q5_K/Q6_K high bits are positioned with one shift + mask each.
+//! the Q5_K/Q6_K high bits are positioned with one shift + mask each, the Q3_K scales are
+//! unpacked in vector registers, and the mins use one `vpmaddwd` on the raw block sums.
+//!
+//! Q4_K/Q5_K/Q6_K also come in an AVX-VNNI flavour (VEX `vpdpbusd`/`vpdpwssd`, e.g. Intel
+//! Alder Lake and later, AMD Zen 5) chosen at run time: sums of 4 products go straight to i32
+//! (they fit i16: |sum| ≤ 4·63·128), two such vectors are packed to i16 so that one `vpdpwssd`
+//! applies the scales of two sub-blocks; that saves about a quarter of the per-weight work.
 //!
 //! All functions take whole super-blocks as fixed-size arrays, so every load below stays inside
 //! the block it reads (the offsets are compile-time constants checked by the array types).
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use super::{Q2K_BYTES, Q3K_BYTES, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, Q8K_BYTES};
@@ -97,6 +102,20 @@ pub(super) fn unpack_k4_scales(v: __m128i) -> __m128i {
     _mm_or_si128(p, q)
 }
 
+/// Mins term of a Q4_K/Q5_K block: 8 i32 lanes `m_i · (bsum_{2i} + bsum_{2i+1})` (summing to
+/// Σ_j m_j · Σ of the 32 activation quants of sub-block j), from the unpacked scales `s`
+/// (`[sc0..7, m0..7]`) broadcast to both 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_mins_prod(s: __m256i, y: &[u8; Q8K_BYTES]) -> __m256i {
+    // i16 lane k takes m_{k/2} = byte 8 + k/2, zero-extended.
+    let ctrl = _mm256_setr_epi8(
+        8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11, -128, 11, -128, //
+        12, -128, 12, -128, 13, -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128,
+    );
+    _mm256_madd_epi16(load32(at(y, 260)), _mm256_shuffle_epi8(s, ctrl))
+}
+
 /// `vpshufb` control that broadcasts byte `k` of each 128-bit lane zero-extended to 16 bits.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -114,171 +133,219 @@ fn bcast_i16_pair(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(h, l)
 }
 
-/// Q4_K × Q8_K.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4k(w: &[[u8; Q4K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let shuf = [
-        bcast_u8_as_i16(0),
-        bcast_u8_as_i16(1),
-        bcast_u8_as_i16(2),
-        bcast_u8_as_i16(3),
-        bcast_u8_as_i16(4),
-        bcast_u8_as_i16(5),
-        bcast_u8_as_i16(6),
-        bcast_u8_as_i16(7),
-    ];
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let dd = _mm_mul_ps(f16x2(at(x, 0)), _mm_set1_ps(f32_of(y)));
-        let s = unpack_k4_scales(load16(at(x, 4)));
-
-        // Mins: Σ_j m_j · (bsum_{2j} + bsum_{2j+1}), subtracted with factor dmin.
-        let mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(s, s));
-        let bs = load32(at(y, 260));
-        let q8s = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bs),
-            _mm256_extracti128_si256::<1>(bs),
-        );
-        let prod = _mm_madd_epi16(mins, q8s);
-        acc_m = _mm_fnmadd_ps(_mm_shuffle_ps::<0x55>(dd, dd), _mm_cvtepi32_ps(prod), acc_m);
-
-        let sc = _mm256_broadcastsi128_si256(s);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let q4 = load32(at(x, 16 + 32 * j));
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            let pl = _mm256_maddubs_epi16(lo, load32(at(y, 4 + 64 * j)));
-            let ph = _mm256_maddubs_epi16(hi, load32(at(y, 36 + 64 * j)));
-            let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[2 * j]), pl);
-            let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[2 * j + 1]), ph);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-        }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc) + hsum_ps128(acc_m)
+/// `vpshufb` control filling i16 lanes 0-3 of both 128-bit lanes with byte `a` and lanes 4-7
+/// with byte `b`, zero-extended.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bcast_u8_pair(a: i8, b: i8) -> __m256i {
+    let z = -128i8;
+    _mm256_setr_epi8(
+        a, z, a, z, a, z, a, z, b, z, b, z, b, z, b, z, //
+        a, z, a, z, a, z, a, z, b, z, b, z, b, z, b, z,
+    )
 }
 
-/// Q5_K × Q8_K.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5k(w: &[[u8; Q5K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m16 = _mm256_set1_epi8(0x10);
-    let shuf = [
-        bcast_u8_as_i16(0),
-        bcast_u8_as_i16(1),
-        bcast_u8_as_i16(2),
-        bcast_u8_as_i16(3),
-        bcast_u8_as_i16(4),
-        bcast_u8_as_i16(5),
-        bcast_u8_as_i16(6),
-        bcast_u8_as_i16(7),
-    ];
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let dd = _mm_mul_ps(f16x2(at(x, 0)), _mm_set1_ps(f32_of(y)));
-        let s = unpack_k4_scales(load16(at(x, 4)));
-
-        let mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(s, s));
-        let bs = load32(at(y, 260));
-        let q8s = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bs),
-            _mm256_extracti128_si256::<1>(bs),
-        );
-        let prod = _mm_madd_epi16(mins, q8s);
-        acc_m = _mm_fnmadd_ps(_mm_shuffle_ps::<0x55>(dd, dd), _mm_cvtepi32_ps(prod), acc_m);
-
-        let sc = _mm256_broadcastsi128_si256(s);
-        // High bits: bit 2j of qh[l] belongs to weight 64j + l, bit 2j+1 to weight 64j + 32 + l.
-        // `h` is shifted right by 2 per step, so the wanted bits are always bits 0 and 1; a 16-bit
-        // lane shift only leaks bits into positions the 0x10 mask discards.
-        let mut h = load32(at(x, 16));
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let q5 = load32(at(x, 48 + 32 * j));
-            let lo = _mm256_or_si256(
-                _mm256_and_si256(q5, m4),
-                _mm256_and_si256(_mm256_slli_epi16::<4>(h), m16),
-            );
-            let hi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q5), m4),
-                _mm256_and_si256(_mm256_slli_epi16::<3>(h), m16),
-            );
-            h = _mm256_srli_epi16::<2>(h);
-            let pl = _mm256_maddubs_epi16(lo, load32(at(y, 4 + 64 * j)));
-            let ph = _mm256_maddubs_epi16(hi, load32(at(y, 36 + 64 * j)));
-            let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[2 * j]), pl);
-            let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[2 * j + 1]), ph);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-        }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc) + hsum_ps128(acc_m)
+/// `vpshufb` control filling i16 lanes 0-3 of the low 128-bit lane with i16 element `a`, 4-7
+/// with `b`, and of the high lane with `c` and `d`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bcast_i16_quad(a: i8, b: i8, c: i8, d: i8) -> __m256i {
+    let (a0, a1, b0, b1) = (2 * a, 2 * a + 1, 2 * b, 2 * b + 1);
+    let (c0, c1, d0, d1) = (2 * c, 2 * c + 1, 2 * d, 2 * d + 1);
+    _mm256_setr_epi8(
+        a0, a1, a0, a1, a0, a1, a0, a1, b0, b1, b0, b1, b0, b1, b0, b1, //
+        c0, c1, c0, c1, c0, c1, c0, c1, d0, d1, d0, d1, d0, d1, d0, d1,
+    )
 }
 
-/// Q6_K × Q8_K. Weights are used unsigned (0..63) and the −32 offset is removed once per block
-/// as 32 · Σ scale_k · bsum_k.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q6k(w: &[[u8; Q6K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
+/// The low-nibble and high-nibble weights (32 each) of step `j` of a Q4_K/Q5_K block, lined up
+/// with activation bytes `64j..64j+32` and `64j+32..64j+64`. For Q5_K, `h` holds the `qh` bytes
+/// shifted right by `2j` (bits 0 and 1 are the 5th bits; a 16-bit lane shift only leaks bits
+/// into positions the 0x10 mask discards).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_weights(x: &[u8], qs_off: usize, j: usize, h: Option<__m256i>) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let q = load32(at(x, qs_off + 32 * j));
+    let lo = _mm256_and_si256(q, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+    match h {
+        Some(h) => {
+            let m16 = _mm256_set1_epi8(0x10);
+            (
+                _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), m16)),
+                _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), m16)),
+            )
+        }
+        None => (lo, hi),
+    }
+}
+
+macro_rules! k4_kernel {
+    ($(#[$doc:meta])* $name:ident, $mode:ident, $features:literal, $bytes:expr, $high:expr) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) fn $name(w: &[[u8; $bytes]], a: &[[u8; Q8K_BYTES]]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_m = _mm256_setzero_ps();
+            for (x, y) in w.iter().zip(a) {
+                let dd = _mm_mul_ps(f16x2(at(x, 0)), _mm_set1_ps(f32_of(y)));
+                let sc = _mm256_broadcastsi128_si256(unpack_k4_scales(load16(at(x, 4))));
+                // Mins: Σ_j m_j · (bsum_{2j} + bsum_{2j+1}), subtracted with factor dmin.
+                let dmin = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(dd),
+                    _mm256_set1_epi32(1),
+                );
+                acc_m = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(k4_mins_prod(sc, y)), acc_m);
+                let mut h = if $high { Some(load32(at(x, 16))) } else { None };
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let (lo, hi) = k4_weights(x, $bytes - 128, j, h);
+                    h = h.map(|h| _mm256_srli_epi16::<2>(h));
+                    let (ql, qh) = (load32(at(y, 4 + 64 * j)), load32(at(y, 36 + 64 * j)));
+                    sumi = k4_kernel!(@step $mode, sumi, sc, j, lo, hi, ql, qh);
+                }
+                acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_ps(_mm256_add_ps(acc, acc_m))
+        }
+    };
+    // ggml's structure: vpmaddubsw pairs, vpmaddwd with the broadcast scale of each sub-block.
+    (@step plain, $sumi:ident, $sc:ident, $j:ident, $lo:ident, $hi:ident, $ql:ident, $qh:ident) => {{
+        let j = $j as i16;
+        let pl = _mm256_maddubs_epi16($lo, $ql);
+        let ph = _mm256_maddubs_epi16($hi, $qh);
+        let pl = _mm256_madd_epi16(_mm256_shuffle_epi8($sc, bcast_u8_as_i16(2 * j)), pl);
+        let ph = _mm256_madd_epi16(_mm256_shuffle_epi8($sc, bcast_u8_as_i16(2 * j + 1)), ph);
+        _mm256_add_epi32($sumi, _mm256_add_epi32(pl, ph))
+    }};
+    // AVX-VNNI: vpdpbusd sums of 4 products (fit i16), packed so that each 128-bit lane holds
+    // 4 sums of sub-block 2j then 4 of 2j+1, and one vpdpwssd applies both scales.
+    (@step vnni, $sumi:ident, $sc:ident, $j:ident, $lo:ident, $hi:ident, $ql:ident, $qh:ident) => {{
+        let j = $j as i8;
+        let rl = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), $lo, $ql);
+        let rh = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), $hi, $qh);
+        let p = _mm256_packs_epi32(rl, rh);
+        _mm256_dpwssd_avx_epi32($sumi, p, _mm256_shuffle_epi8($sc, bcast_u8_pair(2 * j, 2 * j + 1)))
+    }};
+}
+
+k4_kernel!(
+    /// Q4_K × Q8_K.
+    dot_q4k, plain, "avx2,fma,f16c", Q4K_BYTES, false
+);
+k4_kernel!(
+    /// Q4_K × Q8_K with AVX-VNNI.
+    dot_q4k_vnni, vnni, "avx2,fma,f16c,avxvnni", Q4K_BYTES, false
+);
+k4_kernel!(
+    /// Q5_K × Q8_K.
+    dot_q5k, plain, "avx2,fma,f16c", Q5K_BYTES, true
+);
+k4_kernel!(
+    /// Q5_K × Q8_K with AVX-VNNI.
+    dot_q5k_vnni, vnni, "avx2,fma,f16c,avxvnni", Q5K_BYTES, true
+);
+
+/// The four 32-weight quarters of half `h` of a Q6_K block, unsigned 0..63; quarter `k` lines
+/// up with activation bytes `128h + 32k..+32` and uses scales `8h + 2k` (low 128-bit lane) and
+/// `8h + 2k + 1` (high lane).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6k_weights(x: &[u8], h: usize) -> [__m256i; 4] {
     let m15 = _mm256_set1_epi8(0x0F);
     let m48 = _mm256_set1_epi8(0x30);
-    // Quarter k of a half-block (32 weights) uses scales 2k (low lane) and 2k+1 (high lane).
-    let shuf = [
-        bcast_i16_pair(0, 1),
-        bcast_i16_pair(2, 3),
-        bcast_i16_pair(4, 5),
-        bcast_i16_pair(6, 7),
-    ];
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
-        let d = f16x1(at(x, 208)) * f32_of(y);
-        let sc16 = _mm256_cvtepi8_epi16(load16(at(x, 192)));
-        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load32(at(y, 260)), sc16));
-        let scs = [
-            _mm256_permute2x128_si256::<0x00>(sc16, sc16),
-            _mm256_permute2x128_si256::<0x11>(sc16, sc16),
-        ];
-        let mut sumi = _mm256_setzero_si256();
-        for (half, &sc) in scs.iter().enumerate() {
-            let ql0 = load32(at(x, 64 * half));
-            let ql1 = load32(at(x, 64 * half + 32));
-            let qh = load32(at(x, 128 + 32 * half));
-            let w0 = _mm256_or_si256(
-                _mm256_and_si256(ql0, m15),
-                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m48),
-            );
-            let w1 = _mm256_or_si256(
-                _mm256_and_si256(ql1, m15),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m48),
-            );
-            let w2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m15),
-                _mm256_and_si256(qh, m48),
-            );
-            let w3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m15),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m48),
-            );
-            let base = 4 + 128 * half;
-            let p0 = _mm256_maddubs_epi16(w0, load32(at(y, base)));
-            let p1 = _mm256_maddubs_epi16(w1, load32(at(y, base + 32)));
-            let p2 = _mm256_maddubs_epi16(w2, load32(at(y, base + 64)));
-            let p3 = _mm256_maddubs_epi16(w3, load32(at(y, base + 96)));
-            let p0 = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[0]), p0);
-            let p1 = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[1]), p1);
-            let p2 = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[2]), p2);
-            let p3 = _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[3]), p3);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p2, p3));
-        }
-        let sumi = _mm256_sub_epi32(sumi, offset);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc)
+    let ql0 = load32(at(x, 64 * h));
+    let ql1 = load32(at(x, 64 * h + 32));
+    let qh = load32(at(x, 128 + 32 * h));
+    // High bits 2k..2k+2 of qh move to bits 4-5 (16-bit shifts leak only into masked bits).
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m15),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m48),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m15),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m48),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m15),
+            _mm256_and_si256(qh, m48),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m15),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m48),
+        ),
+    ]
 }
+
+macro_rules! q6k_kernel {
+    ($(#[$doc:meta])* $name:ident, $mode:ident, $features:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) fn $name(w: &[[u8; Q6K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            for (x, y) in w.iter().zip(a) {
+                let d = f16x1(at(x, 208)) * f32_of(y);
+                let sc16 = _mm256_cvtepi8_epi16(load16(at(x, 192)));
+                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load32(at(y, 260)), sc16));
+                // i16 scales of each half in both 128-bit lanes.
+                let scs = [
+                    _mm256_permute2x128_si256::<0x00>(sc16, sc16),
+                    _mm256_permute2x128_si256::<0x11>(sc16, sc16),
+                ];
+                let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
+                for (h, &sc) in scs.iter().enumerate() {
+                    let q = q6k_weights(x, h);
+                    let base = 4 + 128 * h;
+                    let q8 = [
+                        load32(at(y, base)),
+                        load32(at(y, base + 32)),
+                        load32(at(y, base + 64)),
+                        load32(at(y, base + 96)),
+                    ];
+                    sumi = q6k_kernel!(@half $mode, sumi, sc, q, q8);
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_ps(acc)
+        }
+    };
+    // ggml's structure: vpmaddubsw pairs, vpmaddwd with scales 2k / 2k+1 per 128-bit lane.
+    (@half plain, $sumi:ident, $sc:ident, $q:ident, $q8:ident) => {{
+        let mut sumi = $sumi;
+        for k in 0..4 {
+            let p = _mm256_maddubs_epi16($q[k], $q8[k]);
+            let s = _mm256_shuffle_epi8($sc, bcast_i16_pair(2 * k as i16, 2 * k as i16 + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
+        }
+        sumi
+    }};
+    // AVX-VNNI: r_k = vpdpbusd sums of 4 (128-bit lane 0: sub-block 2k, lane 1: 2k+1);
+    // packs(r0, r1) holds sub-blocks (0, 2) in lane 0 and (1, 3) in lane 1.
+    (@half vnni, $sumi:ident, $sc:ident, $q:ident, $q8:ident) => {{
+        let z = _mm256_setzero_si256();
+        let r0 = _mm256_dpbusd_avx_epi32(z, $q[0], $q8[0]);
+        let r1 = _mm256_dpbusd_avx_epi32(z, $q[1], $q8[1]);
+        let r2 = _mm256_dpbusd_avx_epi32(z, $q[2], $q8[2]);
+        let r3 = _mm256_dpbusd_avx_epi32(z, $q[3], $q8[3]);
+        let p01 = _mm256_packs_epi32(r0, r1);
+        let p23 = _mm256_packs_epi32(r2, r3);
+        let s01 = _mm256_shuffle_epi8($sc, bcast_i16_quad(0, 2, 1, 3));
+        let s23 = _mm256_shuffle_epi8($sc, bcast_i16_quad(4, 6, 5, 7));
+        _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32($sumi, p01, s01), p23, s23)
+    }};
+}
+
+q6k_kernel!(
+    /// Q6_K × Q8_K. Weights are used unsigned (0..63) and the −32 offset is removed once per
+    /// block as 32 · Σ scale_k · bsum_k.
+    dot_q6k, plain, "avx2,fma,f16c"
+);
+q6k_kernel!(
+    /// Q6_K × Q8_K with AVX-VNNI.
+    dot_q6k_vnni, vnni, "avx2,fma,f16c,avxvnni"
+);
 
 /// Q2_K × Q8_K (ggml's AVX2 structure).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -330,6 +397,28 @@ pub(super) fn dot_q2k(w: &[[u8; Q2K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
     hsum_ps(acc)
 }
 
+/// The 16 signed 6-bit scales of a Q3_K block as i8, from the 16 bytes at block offset 94
+/// (scales[12] at bytes 2..14): low 4 bits in bytes 0..8 (two per byte), high 2 bits in 8..12.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_q3k_scales(v: __m128i) -> __m128i {
+    let v = _mm_srli_si128::<2>(v); // u32 lanes a0, a1, a2 = scales[0..4], [4..8], [8..12]
+    // Low nibbles: [a0, a1, a0 >> 4, a1 >> 4] & 0x0f0f0f0f.
+    let lo = _mm_shuffle_epi32::<0b01_00_01_00>(v);
+    let lo = _mm_and_si128(
+        _mm_srlv_epi32(lo, _mm_set_epi32(4, 4, 0, 0)),
+        _mm_set1_epi8(0x0F),
+    );
+    // High bits: ((a2 >> 2i) & 0x03030303) << 4 for lane i.
+    let hi = _mm_shuffle_epi32::<0b10_10_10_10>(v);
+    let hi = _mm_and_si128(
+        _mm_srlv_epi32(hi, _mm_set_epi32(6, 4, 2, 0)),
+        _mm_set1_epi8(3),
+    );
+    let hi = _mm_slli_epi32::<4>(hi);
+    _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32))
+}
+
 /// Q3_K × Q8_K (ggml's AVX2 structure: low 2 bits and the "−4 unless high bit" part are
 /// multiplied separately, so `vpmaddubsw` sees unsigned weights).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -345,8 +434,7 @@ pub(super) fn dot_q3k(w: &[[u8; Q3K_BYTES]], a: &[[u8; Q8K_BYTES]]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = f16x1(at(x, 108)) * f32_of(y);
-        let sc8 = super::reference::q3k_scales(&x[96..108]);
-        let all = _mm256_cvtepi8_epi16(load16(&sc8.map(|v| v as u8)));
+        let all = _mm256_cvtepi8_epi16(unpack_q3k_scales(load16(at(x, 94))));
         let scs = [
             _mm256_permute2x128_si256::<0x00>(all, all),
             _mm256_permute2x128_si256::<0x11>(all, all),

@@ -445,8 +445,8 @@ fn make_q3_quants_rmse(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// Pack two 2-bit planes layouts used by Q2_K and Q3_K: `qs[32h + l]` holds
-/// `L[128h + l + 32k]` in bits `2k..2k+2`.
+/// Pack 2-bit quants as Q2_K and Q3_K store them: `qs[32h + l]` holds `L[128h + l + 32k]` in
+/// bits `2k..2k+2`.
 fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for h in 0..2 {
         for i in 0..32 {

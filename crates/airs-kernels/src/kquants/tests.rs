@@ -126,13 +126,27 @@ fn all_q4k_variants_agree() {
                 // SAFETY: AVX2+FMA+F16C detected.
                 close(unsafe { avx2::dot_q4k(&w, &a) }, want, mag, "avx2 q4k");
             }
+            if f & features::AVX_VNNI != 0 {
+                // SAFETY: AVX2+FMA+F16C and AVX-VNNI detected.
+                close(
+                    unsafe { avx2::dot_q4k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx-vnni q4k",
+                );
+            }
             if f & features::AVX512 != 0 {
                 // SAFETY: AVX-512 F/BW/VL + AVX2 detected.
                 close(unsafe { avx512::dot_q4k(&w, &a) }, want, mag, "avx512 q4k");
             }
             if f & features::AVX512_VNNI != 0 {
                 // SAFETY: AVX-512 F/BW/VL/VNNI + AVX2 detected.
-                close(unsafe { avx512::dot_q4k_vnni(&w, &a) }, want, mag, "avx512 vnni q4k");
+                close(
+                    unsafe { avx512::dot_q4k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx512 vnni q4k",
+                );
             }
         }
         #[cfg(target_arch = "aarch64")]
@@ -164,13 +178,27 @@ fn all_q5k_variants_agree() {
                 // SAFETY: AVX2+FMA+F16C detected.
                 close(unsafe { avx2::dot_q5k(&w, &a) }, want, mag, "avx2 q5k");
             }
+            if f & features::AVX_VNNI != 0 {
+                // SAFETY: AVX2+FMA+F16C and AVX-VNNI detected.
+                close(
+                    unsafe { avx2::dot_q5k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx-vnni q5k",
+                );
+            }
             if f & features::AVX512 != 0 {
                 // SAFETY: AVX-512 F/BW/VL + AVX2 detected.
                 close(unsafe { avx512::dot_q5k(&w, &a) }, want, mag, "avx512 q5k");
             }
             if f & features::AVX512_VNNI != 0 {
                 // SAFETY: AVX-512 F/BW/VL/VNNI + AVX2 detected.
-                close(unsafe { avx512::dot_q5k_vnni(&w, &a) }, want, mag, "avx512 vnni q5k");
+                close(
+                    unsafe { avx512::dot_q5k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx512 vnni q5k",
+                );
             }
         }
         #[cfg(target_arch = "aarch64")]
@@ -202,13 +230,27 @@ fn all_q6k_variants_agree() {
                 // SAFETY: AVX2+FMA+F16C detected.
                 close(unsafe { avx2::dot_q6k(&w, &a) }, want, mag, "avx2 q6k");
             }
+            if f & features::AVX_VNNI != 0 {
+                // SAFETY: AVX2+FMA+F16C and AVX-VNNI detected.
+                close(
+                    unsafe { avx2::dot_q6k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx-vnni q6k",
+                );
+            }
             if f & features::AVX512 != 0 {
                 // SAFETY: AVX-512 F/BW/VL + AVX2 detected.
                 close(unsafe { avx512::dot_q6k(&w, &a) }, want, mag, "avx512 q6k");
             }
             if f & features::AVX512_VNNI != 0 {
                 // SAFETY: AVX-512 F/BW/VL/VNNI + AVX2 detected.
-                close(unsafe { avx512::dot_q6k_vnni(&w, &a) }, want, mag, "avx512 vnni q6k");
+                close(
+                    unsafe { avx512::dot_q6k_vnni(&w, &a) },
+                    want,
+                    mag,
+                    "avx512 vnni q6k",
+                );
             }
         }
         #[cfg(target_arch = "aarch64")]
@@ -249,7 +291,11 @@ fn q2k_q3k_variants_agree() {
 
 #[test]
 fn unavailable_isa_falls_back_to_scalar() {
-    eprintln!("k-quant path for {:?}: {:?}", Isa::detect(), path(Isa::detect()));
+    eprintln!(
+        "k-quant path for {:?}: {:?}",
+        Isa::detect(),
+        path(Isa::detect())
+    );
     // `path` only trusts what it detected itself.
     #[cfg(target_arch = "x86_64")]
     assert_eq!(path(Isa::Neon), Path::Scalar);

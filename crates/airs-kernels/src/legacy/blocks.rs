@@ -80,7 +80,9 @@ unsafe impl PlainBlock for BlockQ8_0 {}
 /// this is a cheap O(1) guard that keeps the SIMD code sound even for crate-internal misuse).
 #[inline]
 pub(crate) fn blocks<B: PlainBlock>(bytes: &[u8], count: usize) -> &[B] {
-    let needed = count.checked_mul(size_of::<B>()).expect("block count overflows usize");
+    let needed = count
+        .checked_mul(size_of::<B>())
+        .expect("block count overflows usize");
     assert!(
         bytes.len() >= needed,
         "row of {} bytes is shorter than {count} blocks of {} bytes",
@@ -96,7 +98,9 @@ pub(crate) fn blocks<B: PlainBlock>(bytes: &[u8], count: usize) -> &[B] {
 /// Mutable variant of [`blocks`] for the quantizers.
 #[inline]
 pub(crate) fn blocks_mut<B: PlainBlock>(bytes: &mut [u8], count: usize) -> &mut [B] {
-    let needed = count.checked_mul(size_of::<B>()).expect("block count overflows usize");
+    let needed = count
+        .checked_mul(size_of::<B>())
+        .expect("block count overflows usize");
     assert!(
         bytes.len() >= needed,
         "row of {} bytes is shorter than {count} blocks of {} bytes",

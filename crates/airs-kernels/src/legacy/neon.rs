@@ -240,13 +240,19 @@ macro_rules! quant_kernels {
 /// Baseline NEON kernels (widening multiplies).
 pub(super) mod widening {
     use super::*;
-    quant_kernels!(#[target_feature(enable = "neon")] block_dot_widening);
+    quant_kernels!(
+        #[target_feature(enable = "neon")]
+        block_dot_widening
+    );
 }
 
 /// Kernels using `sdot`; callers must have detected the "dotprod" feature.
 pub(super) mod dotprod {
     use super::*;
-    quant_kernels!(#[target_feature(enable = "neon,dotprod")] block_dot_sdot);
+    quant_kernels!(
+        #[target_feature(enable = "neon,dotprod")]
+        block_dot_sdot
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -283,7 +289,10 @@ fn widen_f32(bytes: &[u8; 64]) -> [float32x4_t; 4] {
 #[target_feature(enable = "neon")]
 fn widen_f16(bytes: &[u8; 32]) -> [float32x4_t; 4] {
     let (lo, hi) = halves(bytes);
-    let (lo, hi) = (vreinterpretq_u16_u8(load_u8(lo)), vreinterpretq_u16_u8(load_u8(hi)));
+    let (lo, hi) = (
+        vreinterpretq_u16_u8(load_u8(lo)),
+        vreinterpretq_u16_u8(load_u8(hi)),
+    );
     [
         vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(lo))),
         vcvt_high_f32_f16(vreinterpretq_f16_u16(lo)),
@@ -297,7 +306,10 @@ fn widen_f16(bytes: &[u8; 32]) -> [float32x4_t; 4] {
 #[target_feature(enable = "neon")]
 fn widen_bf16(bytes: &[u8; 32]) -> [float32x4_t; 4] {
     let (lo, hi) = halves(bytes);
-    let (lo, hi) = (vreinterpretq_u16_u8(load_u8(lo)), vreinterpretq_u16_u8(load_u8(hi)));
+    let (lo, hi) = (
+        vreinterpretq_u16_u8(load_u8(lo)),
+        vreinterpretq_u16_u8(load_u8(hi)),
+    );
     [
         vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(lo))),
         vreinterpretq_f32_u32(vshll_high_n_u16::<16>(lo)),

@@ -58,7 +58,12 @@ pub(crate) fn f32_to_f16(f: f32) -> u16 {
     let exp_bits = (bits >> 13) & 0x0000_7C00;
     let mantissa_bits = bits & 0x0000_0FFF;
     let nonsign = exp_bits + mantissa_bits;
-    ((sign >> 16) | if shl1_w > 0xFF00_0000 { 0x7E00 } else { nonsign }) as u16
+    ((sign >> 16)
+        | if shl1_w > 0xFF00_0000 {
+            0x7E00
+        } else {
+            nonsign
+        }) as u16
 }
 
 /// bfloat16 → f32 (exact).
@@ -131,7 +136,10 @@ pub(crate) fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / BLOCK_LEN;
-    for (b, out) in blocks::<BlockQ4_0>(src, nb).iter().zip(dst.chunks_exact_mut(BLOCK_LEN)) {
+    for (b, out) in blocks::<BlockQ4_0>(src, nb)
+        .iter()
+        .zip(dst.chunks_exact_mut(BLOCK_LEN))
+    {
         let d = f16_field(b.d);
         for (o, q) in out.iter_mut().zip(q4_values(&b.qs)) {
             *o = (i32::from(q) - 8) as f32 * d;
@@ -141,7 +149,10 @@ pub(crate) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / BLOCK_LEN;
-    for (b, out) in blocks::<BlockQ4_1>(src, nb).iter().zip(dst.chunks_exact_mut(BLOCK_LEN)) {
+    for (b, out) in blocks::<BlockQ4_1>(src, nb)
+        .iter()
+        .zip(dst.chunks_exact_mut(BLOCK_LEN))
+    {
         let (d, m) = (f16_field(b.d), f16_field(b.m));
         for (o, q) in out.iter_mut().zip(q4_values(&b.qs)) {
             *o = f32::from(q) * d + m;
@@ -151,7 +162,10 @@ pub(crate) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / BLOCK_LEN;
-    for (b, out) in blocks::<BlockQ5_0>(src, nb).iter().zip(dst.chunks_exact_mut(BLOCK_LEN)) {
+    for (b, out) in blocks::<BlockQ5_0>(src, nb)
+        .iter()
+        .zip(dst.chunks_exact_mut(BLOCK_LEN))
+    {
         let d = f16_field(b.d);
         for (o, q) in out.iter_mut().zip(q5_values(b.qh, &b.qs)) {
             *o = (i32::from(q) - 16) as f32 * d;
@@ -161,7 +175,10 @@ pub(crate) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / BLOCK_LEN;
-    for (b, out) in blocks::<BlockQ5_1>(src, nb).iter().zip(dst.chunks_exact_mut(BLOCK_LEN)) {
+    for (b, out) in blocks::<BlockQ5_1>(src, nb)
+        .iter()
+        .zip(dst.chunks_exact_mut(BLOCK_LEN))
+    {
         let (d, m) = (f16_field(b.d), f16_field(b.m));
         for (o, q) in out.iter_mut().zip(q5_values(b.qh, &b.qs)) {
             *o = f32::from(q) * d + m;
@@ -171,7 +188,10 @@ pub(crate) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
     let nb = dst.len() / BLOCK_LEN;
-    for (b, out) in blocks::<BlockQ8_0>(src, nb).iter().zip(dst.chunks_exact_mut(BLOCK_LEN)) {
+    for (b, out) in blocks::<BlockQ8_0>(src, nb)
+        .iter()
+        .zip(dst.chunks_exact_mut(BLOCK_LEN))
+    {
         let d = f16_field(b.d);
         for (o, &q) in out.iter_mut().zip(&b.qs) {
             *o = f32::from(q as i8) * d;
@@ -244,7 +264,10 @@ fn trunc_i8(f: f32) -> i8 {
 
 pub(crate) fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / BLOCK_LEN;
-    for (x, b) in src.chunks_exact(BLOCK_LEN).zip(blocks_mut::<BlockQ4_0>(dst, nb)) {
+    for (x, b) in src
+        .chunks_exact(BLOCK_LEN)
+        .zip(blocks_mut::<BlockQ4_0>(dst, nb))
+    {
         let d = signed_absmax(x) / -8.0;
         let id = reciprocal_or_zero(d);
         b.d = f32_to_f16(d).to_le_bytes();
@@ -258,7 +281,10 @@ pub(crate) fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
 
 pub(crate) fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / BLOCK_LEN;
-    for (x, b) in src.chunks_exact(BLOCK_LEN).zip(blocks_mut::<BlockQ4_1>(dst, nb)) {
+    for (x, b) in src
+        .chunks_exact(BLOCK_LEN)
+        .zip(blocks_mut::<BlockQ4_1>(dst, nb))
+    {
         let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = reciprocal_or_zero(d);
@@ -274,7 +300,10 @@ pub(crate) fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
 
 pub(crate) fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / BLOCK_LEN;
-    for (x, b) in src.chunks_exact(BLOCK_LEN).zip(blocks_mut::<BlockQ5_0>(dst, nb)) {
+    for (x, b) in src
+        .chunks_exact(BLOCK_LEN)
+        .zip(blocks_mut::<BlockQ5_0>(dst, nb))
+    {
         let d = signed_absmax(x) / -16.0;
         let id = reciprocal_or_zero(d);
         b.d = f32_to_f16(d).to_le_bytes();
@@ -292,7 +321,10 @@ pub(crate) fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
 
 pub(crate) fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / BLOCK_LEN;
-    for (x, b) in src.chunks_exact(BLOCK_LEN).zip(blocks_mut::<BlockQ5_1>(dst, nb)) {
+    for (x, b) in src
+        .chunks_exact(BLOCK_LEN)
+        .zip(blocks_mut::<BlockQ5_1>(dst, nb))
+    {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
         let id = reciprocal_or_zero(d);
@@ -315,7 +347,10 @@ pub(crate) fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
 /// Also the activation quantizer for every legacy weight type, so it must match bit for bit.
 pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     let nb = src.len() / BLOCK_LEN;
-    for (x, b) in src.chunks_exact(BLOCK_LEN).zip(blocks_mut::<BlockQ8_0>(dst, nb)) {
+    for (x, b) in src
+        .chunks_exact(BLOCK_LEN)
+        .zip(blocks_mut::<BlockQ8_0>(dst, nb))
+    {
         let mut amax = 0.0f32;
         for &v in x {
             // C's MAX(amax, fabsf(v)) = amax > |v| ? amax : |v|.
@@ -381,7 +416,10 @@ fn block_sum_i32(qy: &[u8; BLOCK_LEN]) -> i32 {
 pub(crate) fn dot_q8_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = n / BLOCK_LEN;
     let mut sum = 0.0f32;
-    for (x, y) in blocks::<BlockQ8_0>(w, nb).iter().zip(blocks::<BlockQ8_0>(act, nb)) {
+    for (x, y) in blocks::<BlockQ8_0>(w, nb)
+        .iter()
+        .zip(blocks::<BlockQ8_0>(act, nb))
+    {
         let sumi = block_dot_i32(x.qs.iter().map(|&q| i32::from(q as i8)), &y.qs);
         sum += sumi as f32 * (f16_field(x.d) * f16_field(y.d));
     }
@@ -391,7 +429,10 @@ pub(crate) fn dot_q8_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
 pub(crate) fn dot_q4_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = n / BLOCK_LEN;
     let mut sum = 0.0f32;
-    for (x, y) in blocks::<BlockQ4_0>(w, nb).iter().zip(blocks::<BlockQ8_0>(act, nb)) {
+    for (x, y) in blocks::<BlockQ4_0>(w, nb)
+        .iter()
+        .zip(blocks::<BlockQ8_0>(act, nb))
+    {
         let q = q4_values(&x.qs);
         let sumi = block_dot_i32(q.iter().map(|&q| i32::from(q) - 8), &y.qs);
         sum += sumi as f32 * (f16_field(x.d) * f16_field(y.d));
@@ -402,7 +443,10 @@ pub(crate) fn dot_q4_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
 pub(crate) fn dot_q5_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = n / BLOCK_LEN;
     let mut sum = 0.0f32;
-    for (x, y) in blocks::<BlockQ5_0>(w, nb).iter().zip(blocks::<BlockQ8_0>(act, nb)) {
+    for (x, y) in blocks::<BlockQ5_0>(w, nb)
+        .iter()
+        .zip(blocks::<BlockQ8_0>(act, nb))
+    {
         let q = q5_values(x.qh, &x.qs);
         let sumi = block_dot_i32(q.iter().map(|&q| i32::from(q) - 16), &y.qs);
         sum += sumi as f32 * (f16_field(x.d) * f16_field(y.d));
@@ -416,7 +460,10 @@ pub(crate) fn dot_q5_0(n: usize, w: &[u8], act: &[u8]) -> f32 {
 pub(crate) fn dot_q4_1(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = n / BLOCK_LEN;
     let mut sum = 0.0f32;
-    for (x, y) in blocks::<BlockQ4_1>(w, nb).iter().zip(blocks::<BlockQ8_0>(act, nb)) {
+    for (x, y) in blocks::<BlockQ4_1>(w, nb)
+        .iter()
+        .zip(blocks::<BlockQ8_0>(act, nb))
+    {
         let q = q4_values(&x.qs);
         let sumi = block_dot_i32(q.iter().map(|&q| i32::from(q)), &y.qs);
         let dy = f16_field(y.d);
@@ -429,7 +476,10 @@ pub(crate) fn dot_q4_1(n: usize, w: &[u8], act: &[u8]) -> f32 {
 pub(crate) fn dot_q5_1(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = n / BLOCK_LEN;
     let mut sum = 0.0f32;
-    for (x, y) in blocks::<BlockQ5_1>(w, nb).iter().zip(blocks::<BlockQ8_0>(act, nb)) {
+    for (x, y) in blocks::<BlockQ5_1>(w, nb)
+        .iter()
+        .zip(blocks::<BlockQ8_0>(act, nb))
+    {
         let q = q5_values(x.qh, &x.qs);
         let sumi = block_dot_i32(q.iter().map(|&q| i32::from(q)), &y.qs);
         let dy = f16_field(y.d);
