@@ -15,7 +15,7 @@ fn stories260k_matches_llama_cpp_reference_runs() {
         let mut kv = contiguous(&model, kv_type(&reference), 256);
         let steps = reference.greedy_token_ids.len();
         let (logits, ids) = greedy(&model, &rt, &mut kv, &reference.prompt_token_ids, steps);
-        check_against(&reference, &logits, &ids, 1e-3);
+        check_against(&reference, &logits, &ids, 1e-3, 0.05);
         assert_eq!(ids, reference.greedy_token_ids, "{stem}: every greedy id");
     }
 }

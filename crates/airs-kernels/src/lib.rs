@@ -13,6 +13,7 @@
 //! Cost: a dot product over `n` weights is O(n) and reads `n * bits_per_weight / 8` weight bytes;
 //! [`matmul`] is single-threaded: callers split weight rows across threads.
 
+mod act;
 mod isa;
 mod kquants;
 mod legacy;
@@ -127,7 +128,19 @@ pub fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, KernelError> {
 }
 
 /// Encode the activation row `x` as `act` into `out` (`out.len() == act.row_bytes(x.len())`).
+///
+/// Q8_0 activations are rounded as ggml's SIMD quantizer rounds them (see `act`), not as its
+/// reference quantizer [`quantize_row`] does.
 pub fn quantize_act(act: ActType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
+    if act == ActType::Q8_0 {
+        check_len(
+            "quantize_act dst",
+            check_row(GgmlType::Q8_0, x.len())?,
+            out.len(),
+        )?;
+        act::quantize_q8_0_like_ggml_simd(x, out);
+        return Ok(());
+    }
     quantize_row(act.ggml_type(), x, out)
 }
 
@@ -179,8 +192,16 @@ pub fn matmul(
     if w_row_bytes == 0 || act_row_bytes == 0 {
         return Ok(());
     }
-    check_len("matmul weight rows", w_rows.len() / w_row_bytes * w_row_bytes, w_rows.len())?;
-    check_len("matmul activation rows", acts.len() / act_row_bytes * act_row_bytes, acts.len())?;
+    check_len(
+        "matmul weight rows",
+        w_rows.len() / w_row_bytes * w_row_bytes,
+        w_rows.len(),
+    )?;
+    check_len(
+        "matmul activation rows",
+        acts.len() / act_row_bytes * act_row_bytes,
+        acts.len(),
+    )?;
     let rows = w_rows.len() / w_row_bytes;
     let tokens = acts.len() / act_row_bytes;
     if tokens > 0 {
