@@ -45,7 +45,7 @@ fn report(g: &Gguf<'_>, name: &str) -> Json {
             "rope_base": c.rope_base,
             "rope_dims": c.rope_dims,
             "rope_style": format!("{:?}", c.rope_style).to_lowercase(),
-            "rms_eps": c.rms_eps,
+            "rms_eps": c.rms_eps.to_string().parse::<f64>().unwrap_or(f64::from(c.rms_eps)),
             "tied_output": c.tied_output,
             "qkv_bias": c.qkv_bias,
             "kv_bytes_per_token_f16": c.kv_bytes_per_token(2.0),
@@ -197,7 +197,11 @@ fn print_text(r: &Json) {
     for l in r["layers"].as_array().into_iter().flatten() {
         println!(
             "  blk.{:<4} {:>3} tensors {:>12} bytes  [{}, {})",
-            l["layer"], l["tensors"], l["bytes"], l["start"], l["end"]
+            l["layer"].to_string(),
+            l["tensors"].to_string(),
+            l["bytes"].to_string(),
+            l["start"],
+            l["end"]
         );
     }
     println!("outside layers");

@@ -114,7 +114,7 @@ impl ThreadPool {
         let mut spins = 0u32;
         while self.shared.remaining.load(Ordering::Acquire) != 0 {
             spins += 1;
-            if spins % 64 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && started.elapsed() > SPIN {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -165,7 +165,7 @@ fn worker(shared: &Shared, index: usize) {
         let mut spins = 0u32;
         while shared.epoch.load(Ordering::Acquire) as u64 == seen {
             spins += 1;
-            if spins % 64 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && started.elapsed() > SPIN {
                 break;
             }
             std::hint::spin_loop();
