@@ -1,6 +1,7 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
 mod bench;
+mod gen_model;
 mod inspect;
 mod model_file;
 mod run;
@@ -51,6 +52,8 @@ enum Command {
     },
     /// Generate text, streaming it to stdout.
     Run(run::RunArgs),
+    /// Write a synthetic GGUF model (named shape, quantization mix, seeded random weights).
+    GenModel(gen_model::GenModelArgs),
     /// Benchmarks (reported as medians; not part of the test suite).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -62,7 +65,18 @@ enum BenchCommand {
     Decode(bench::BenchDecodeArgs),
 }
 
+/// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
+/// panicking on the failed write.
+fn restore_default_sigpipe() {
+    // SAFETY: called first thing in `main`, before any thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE and no Rust code relies on SIGPIPE being ignored.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json } => {
@@ -77,6 +91,7 @@ fn main() -> ExitCode {
         } => ModelFile::open(Some(&model))
             .and_then(|m| tokenize::run(&m, &text, no_bos, no_special, json)),
         Command::Run(args) => run::run(args),
+        Command::GenModel(args) => gen_model::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::run_decode(args),
     };
     match result {
