@@ -1,0 +1,197 @@
+//! The `airs` binary end to end: inspect, tokenize and run on real model files, and the
+//! one-line errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use airs_testdata::{Reference, qwen_path, stories_path};
+use serde_json::Value;
+
+fn airs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_airs"))
+        .args(args)
+        .output()
+        .expect("running airs")
+}
+
+fn json_of(args: &[&str]) -> Value {
+    let out = airs(args);
+    assert!(
+        out.status.success(),
+        "airs {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+/// The synthetic TinyLlama-1.1B Q4_K_M, generated into the model cache on first use.
+fn tinyllama_q4_k_m() -> PathBuf {
+    let path = qwen_path()
+        .parent()
+        .expect("model cache dir")
+        .join("tinyllama-1.1b-q4_k_m.gguf");
+    if !path.exists() {
+        let out = airs(&[
+            "gen-model",
+            "--shape",
+            "tinyllama-1.1b",
+            "--quant",
+            "q4_k_m",
+            "--seed",
+            "1",
+            "-o",
+            path_str(&path),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    path
+}
+
+fn hparams(v: &Value) -> [u64; 7] {
+    let h = &v["hyperparameters"];
+    [
+        "layers",
+        "embedding_len",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "ff_len",
+        "vocab_len",
+    ]
+    .map(|k| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}")))
+}
+
+#[test]
+fn inspect_reports_the_hyperparameters_of_all_three_model_files() {
+    let stories = json_of(&["inspect", "--json"]);
+    assert_eq!(stories["hyperparameters"]["architecture"], "llama");
+    assert_eq!(hparams(&stories), [5, 64, 8, 4, 8, 172, 512]);
+    assert_eq!(stories["tensors"], 48);
+    assert_eq!(stories["data_offset"], 14_176);
+
+    let qwen = json_of(&["inspect", path_str(&qwen_path()), "--json"]);
+    assert_eq!(qwen["hyperparameters"]["architecture"], "qwen2");
+    assert_eq!(hparams(&qwen), [24, 896, 14, 2, 64, 4864, 151_936]);
+    assert_eq!(qwen["hyperparameters"]["rope_style"], "neox");
+    assert_eq!(qwen["hyperparameters"]["rope_base"], 1_000_000.0);
+    assert_eq!(qwen["hyperparameters"]["qkv_bias"], true);
+    assert_eq!(qwen["tokenizer"]["pre"], "qwen2");
+    let by_type: Vec<(String, u64)> = qwen["tensors_by_type"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for want in [
+        ("q5_0", 133),
+        ("f32", 121),
+        ("q8_0", 13),
+        ("q6_K", 12),
+        ("q4_K", 12),
+    ] {
+        assert!(
+            by_type.contains(&(want.0.to_owned(), want.1)),
+            "{want:?} in {by_type:?}"
+        );
+    }
+    assert_eq!(qwen["layers"].as_array().unwrap().len(), 24);
+
+    let tiny = json_of(&["inspect", path_str(&tinyllama_q4_k_m()), "--json"]);
+    assert_eq!(hparams(&tiny), [22, 2048, 32, 4, 64, 5632, 32_000]);
+    assert_eq!(tiny["parameters"], 1_100_048_384u64);
+}
+
+#[test]
+fn tokenize_gives_the_reference_prompt_ids() {
+    let reference = Reference::load("qwen2.5-coder-0.5b-q4km.chat-prime.kvf32");
+    let text = reference.prompt_text.clone().unwrap();
+    let v = json_of(&["tokenize", path_str(&qwen_path()), &text, "--json"]);
+    let ids: Vec<u32> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, reference.prompt_token_ids);
+}
+
+#[test]
+fn run_streams_the_reference_story_from_the_embedded_model() {
+    let v = json_of(&["run", "-n", "64", "--kv-type", "f32", "--json"]);
+    let reference = Reference::load("stories260K.bos.kvf32");
+    let ids: Vec<u32> = v["generated_token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, reference.greedy_token_ids);
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert!(v["text"].as_str().unwrap().starts_with(" Once upon a time"));
+    let out = airs(&["run", "Once upon a time", "-n", "16"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Once upon a time, there was"));
+}
+
+#[test]
+fn chat_on_qwen_answers_with_the_reference_tokens() {
+    let reference = Reference::load("qwen2.5-coder-0.5b-q4km.chat-prime.kvf16");
+    let v = json_of(&[
+        "run",
+        "--model",
+        path_str(&qwen_path()),
+        "--chat",
+        "Write a Python function that checks whether a number is prime.",
+        "--system",
+        "You are a helpful assistant.",
+        "-n",
+        "16",
+        "--json",
+    ]);
+    let prompt: Vec<u32> = v["prompt_token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(prompt, reference.prompt_token_ids);
+    let ids: Vec<u32> = v["generated_token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, reference.greedy_token_ids[..16]);
+}
+
+#[test]
+fn errors_are_one_line_and_exit_non_zero() {
+    for args in [
+        vec!["inspect", "/nonexistent/model.gguf"],
+        vec![
+            "inspect",
+            path_str(&stories_path().with_extension("missing")),
+        ],
+        vec!["tokenize", "/etc/hostname", "x"],
+        vec!["run", "--model", "/etc/hostname"],
+    ] {
+        let out = airs(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("airs: error: "), "{stderr}");
+    }
+}
