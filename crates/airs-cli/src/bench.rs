@@ -9,7 +9,7 @@ use airs_engine::{ContiguousKv, KvType, Logits, Runtime, sampler::argmax};
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
-use crate::model_file::ModelFile;
+use crate::model_file::{LoaderArgs, ModelFile};
 use crate::run::{Loaded, default_threads};
 
 #[derive(clap::Args, Debug)]
@@ -25,6 +25,8 @@ pub struct BenchDecodeArgs {
     pub threads: Option<usize>,
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
+    #[command(flatten)]
+    pub load: LoaderArgs,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -69,7 +71,12 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
-    let loaded = Loaded::open(ModelFile::open(args.model.as_deref())?)?;
+    let loaded = Loaded::open(ModelFile::open_for_inference(
+        args.model.as_deref(),
+        &args.load,
+    )?)?;
+    // Measure the resident model, not the load.
+    loaded.file.wait_resident()?;
     let model = &loaded.model;
     let threads = args.threads.unwrap_or_else(default_threads);
     let rt = Runtime::new(threads);
@@ -106,6 +113,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
     if args.json {
         let report = json!({
             "model": loaded.file.name,
+            "loader": loaded.file.loader_name(),
             "threads": threads,
             "isa": format!("{:?}", rt.isa).to_lowercase(),
             "kv_type": args.kv_type.name(),
@@ -122,11 +130,12 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} threads ({:?}), kv {}",
+            "{}: {} threads ({:?}), kv {}, loader {}",
             loaded.file.name,
             threads,
             rt.isa,
-            args.kv_type.name()
+            args.kv_type.name(),
+            loaded.file.loader_name()
         );
         println!(
             "  prefill pp{:<5} {:>8.1} tokens/s (median of {})",

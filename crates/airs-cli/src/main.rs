@@ -1,6 +1,8 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
 mod bench;
+mod bench_load;
+mod fit;
 mod gen_model;
 mod inspect;
 mod model_file;
@@ -52,6 +54,8 @@ enum Command {
     },
     /// Generate text, streaming it to stdout.
     Run(run::RunArgs),
+    /// Will a model fit this device? Pool budget, model pool use and predicted peak RSS.
+    Fit(fit::FitArgs),
     /// Write a synthetic GGUF model (named shape, quantization mix, seeded random weights).
     GenModel(gen_model::GenModelArgs),
     /// Benchmarks (reported as medians; not part of the test suite).
@@ -63,6 +67,8 @@ enum Command {
 enum BenchCommand {
     /// Prefill and decode tokens/s and the weight bandwidth decode achieves.
     Decode(bench::BenchDecodeArgs),
+    /// Time to first token, time to fully resident and decode speed of each model loader.
+    Load(bench_load::BenchLoadArgs),
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
@@ -91,8 +97,10 @@ fn main() -> ExitCode {
         } => ModelFile::open(Some(&model))
             .and_then(|m| tokenize::run(&m, &text, no_bos, no_special, json)),
         Command::Run(args) => run::run(args),
+        Command::Fit(args) => fit::run(args),
         Command::GenModel(args) => gen_model::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::run_decode(args),
+        Command::Bench(BenchCommand::Load(args)) => bench_load::run_load(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,8 +1,19 @@
 //! `airs run`: generate text from a prompt or a chat message, streaming it to stdout.
+//!
+//! The model file is loaded into a model region with `--loader` (default lazy: generation
+//! starts while the file is still being read; see `model_file`). While a lazy load fills the
+//! region in the background, a progress bar is drawn on stderr when stderr is a terminal; it is
+//! cleared once the load completes, or when generated text starts streaming to the same
+//! terminal. `--json` reports the loader, the region's memory state (locked, huge-page, read-only,
+//! pinned), the time to first token and to fully resident counted from opening the file, and the
+//! region's notices; it waits for the load to complete before reporting.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use airs_engine::{
     ContiguousKv, GenerateConfig, KvShape, KvType, Model, Runtime, SamplerConfig, generate,
@@ -12,7 +23,7 @@ use airs_tokenizer::{EncodeOptions, Tokenizer};
 use anyhow::Context;
 use serde_json::json;
 
-use crate::model_file::ModelFile;
+use crate::model_file::{LoaderArgs, ModelFile};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -52,6 +63,8 @@ pub struct RunArgs {
     /// KV cache element type.
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
+    #[command(flatten)]
+    pub load: LoaderArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -67,8 +80,17 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn open(file: ModelFile) -> anyhow::Result<Loaded> {
-        let gguf = file.parse()?;
-        let model = Model::new(file.image.clone(), &gguf).with_context(|| file.name.clone())?;
+        // A lazy load that failed (e.g. the file was truncated) explains any error it caused.
+        let load_failed = || match file.image.load_error() {
+            Some(e) => Err(anyhow::anyhow!("loading {}: {e}", file.name)),
+            None => Ok(()),
+        };
+        let gguf = file.parse();
+        load_failed()?;
+        let gguf = gguf?;
+        let model = Model::new(file.image.clone(), &gguf);
+        load_failed()?;
+        let model = model.with_context(|| file.name.clone())?;
         let tokenizer = Tokenizer::from_gguf(&gguf).with_context(|| file.name.clone())?;
         let template = ChatTemplate::from_gguf(&gguf, &tokenizer).map_err(|e| e.to_string());
         drop(gguf);
@@ -101,10 +123,83 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The background-fill progress bar on stderr (a thread polling the loader).
+struct FillProgress {
+    bar: indicatif::ProgressBar,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FillProgress {
+    /// A bar for `file`'s lazy load, if it is still filling and stderr is a terminal.
+    fn start(file: &ModelFile) -> Option<FillProgress> {
+        let region = file.region.as_ref()?;
+        let loader = region.loader();
+        if region.loader_kind() != airs_memory::LoaderKind::Lazy
+            || loader.is_resident()
+            || !std::io::stderr().is_terminal()
+        {
+            return None;
+        }
+        let total = loader.progress().total_bytes;
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "loading {bytes:>10}/{total_bytes} [{bar:30}] {bytes_per_sec} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, s) = (bar.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("airs-progress".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    b.set_position(loader.progress().filled_bytes);
+                    // Resident (true) or failed (error): either way the fill is over.
+                    if loader
+                        .wait_resident_timeout(Duration::from_millis(100))
+                        .unwrap_or(true)
+                    {
+                        break;
+                    }
+                }
+                b.finish_and_clear();
+            })
+            .ok()?;
+        Some(FillProgress {
+            bar,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Clears the bar and stops its thread.
+    fn finish(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Drop for FillProgress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let load_start = Instant::now();
-    let loaded = Loaded::open(ModelFile::open(args.model.as_deref())?)?;
-    let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
+    let file = ModelFile::open_for_inference(args.model.as_deref(), &args.load)?;
+    let opened_at = file.opened_at;
+    let mut progress = FillProgress::start(&file);
+    let loaded = Loaded::open(file)?;
+    let load_ms = opened_at.elapsed().as_secs_f64() * 1e3;
     let tok = &loaded.tokenizer;
 
     let prompt_ids: Vec<u32> = if let Some(user) = &args.chat {
@@ -163,8 +258,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         prefill_batch: 512,
     };
     let stdout = std::io::stdout();
+    // Streamed text and a redrawn bar cannot share a terminal: the text wins.
+    let stdout_is_terminal = stdout.is_terminal();
     let mut on_text = |piece: &str| {
         if !args.json {
+            if stdout_is_terminal && let Some(mut p) = progress.take() {
+                p.finish();
+            }
             let mut out = stdout.lock();
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
@@ -173,6 +273,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if !args.json && args.prompt.is_some() {
         on_text(args.prompt.as_deref().unwrap_or(""));
     }
+    let generate_started = Instant::now();
     let generation = generate(
         &loaded.model,
         &rt,
@@ -182,9 +283,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         &config,
         &mut on_text,
     )?;
+    let ttft_from_open =
+        generate_started.duration_since(opened_at) + generation.time_to_first_token;
+    let file = &loaded.file;
     if args.json {
+        // Report the final memory state: locked, huge pages and read-only come at the end.
+        file.wait_resident()?;
+    }
+    if let Some(mut p) = progress.take() {
+        p.finish();
+    }
+    if args.json {
+        file.print_new_notices();
+        let stats = file.region.as_ref().map(|r| r.stats());
+        let notices: Vec<String> = file.notices().iter().map(|n| n.to_string()).collect();
         let report = json!({
             "model": loaded.file.name,
+            "loader": file.loader_name(),
+            "region_bytes": stats.as_ref().map_or(file.image.bytes().len() as u64, |s| s.bytes),
+            "locked_bytes": stats.as_ref().map_or(0, |s| s.locked_bytes),
+            "huge_page_bytes": stats.as_ref().map_or(0, |s| s.huge_page_bytes),
+            // The embedded model lives in the binary's read-only data.
+            "read_only": stats.as_ref().is_none_or(|s| s.read_only),
+            "pinned": stats.as_ref().is_some_and(|s| s.pinned),
+            "ttft_ms": ttft_from_open.as_secs_f64() * 1e3,
+            "fully_resident_ms": file.fully_resident_after_open().map(|d| d.as_secs_f64() * 1e3),
+            "notices": notices,
             "prompt_token_ids": prompt_ids,
             "generated_token_ids": generation.generated,
             "text": generation.text,
@@ -209,6 +333,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!();
+        file.print_new_notices();
         eprintln!(
             "[{} prompt tokens at {:.1} t/s, {} generated at {:.1} t/s, stop: {}]",
             generation.prefill_tokens,

@@ -125,33 +125,38 @@ impl Model {
             rope.apply(&mut k, cfg.kv_heads, head_dim, cfg.rope_style);
             kv.store(l, pos0, &k, &v);
 
-            // Attention, split over (token, head) pairs.
+            // Attention, split over (token, KV head, slice of the query heads sharing that KV
+            // head): a slice attends all its heads at once, reading each K/V row once. Groups
+            // are sliced only as far as needed to give every thread work (decode has
+            // `kv_heads` items per token).
             {
                 let kv_ref: &dyn KvCache = kv;
                 let writer = DisjointOut::new(&mut attn);
                 let q = &q;
-                pool.for_chunks(n_tokens * cfg.heads, 1, &|range| {
+                let pairs = n_tokens * cfg.kv_heads;
+                let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
+                let slices = group.div_ceil(per_slice);
+                pool.for_chunks(pairs * slices, 1, &|range| {
                     SCORES.with(|scores| {
                         let mut scores = scores.borrow_mut();
-                        for pair in range {
-                            let (t, h) = (pair / cfg.heads, pair % cfg.heads);
-                            let n_ctx = pos0 + t + 1;
-                            if scores.len() < n_ctx {
-                                scores.resize(n_ctx, 0.0);
-                            }
-                            let at = t * q_len + h * head_dim;
-                            // SAFETY: each (token, head) pair is visited once and owns the
-                            // disjoint output range [at, at + head_dim).
-                            let out = unsafe { writer.slice(at..at + head_dim) };
-                            kv_ref.attend(
-                                l,
-                                h / group,
-                                &q[at..at + head_dim],
-                                n_ctx,
-                                scale,
-                                out,
-                                &mut scores,
+                        for item in range {
+                            let (t, rest) = (
+                                item / (cfg.kv_heads * slices),
+                                item % (cfg.kv_heads * slices),
                             );
+                            let (g, s) = (rest / slices, rest % slices);
+                            let h0 = g * group + s * per_slice;
+                            let h1 = (h0 + per_slice).min((g + 1) * group);
+                            let n_ctx = pos0 + t + 1;
+                            if scores.len() < (h1 - h0) * n_ctx {
+                                scores.resize((h1 - h0) * n_ctx, 0.0);
+                            }
+                            let at = t * q_len + h0 * head_dim;
+                            let end = t * q_len + h1 * head_dim;
+                            // SAFETY: each (token, KV head, slice) item is visited once and owns
+                            // the disjoint output range of its query heads, [at, end).
+                            let out = unsafe { writer.slice(at..end) };
+                            kv_ref.attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
                         }
                     });
                 });

@@ -1,11 +1,34 @@
-//! The KV cache interface the forward pass writes keys/values into and attends through, and
-//! its contiguous implementation (one `[capacity × kv_len]` array per layer for K and for V).
+//! The KV cache interface the forward pass writes keys/values into and attends through, the
+//! attention kernel every cache shares, and the contiguous cache (one `[capacity × kv_len]`
+//! array per layer for K and for V).
 //!
-//! The contiguous cache reserves its whole capacity up front; the paged cache (block pool and
-//! block tables) replaces it in the engine and keeps it only as a test oracle. Cost: `store`
-//! is O(kv_len) per position; `attend` is O(n_ctx × head_dim) per query head.
+//! The paged cache ([`crate::paged`], PagedAttention over the airs-memory block pool) is the
+//! engine's cache; the contiguous cache reserves its whole capacity up front and stays as a
+//! test oracle and as the baseline the paged one is measured against.
+//!
+//! Attention is computed for all the query heads that share a KV head at once (grouped-query
+//! attention): each cached K/V row is read and decoded once per group instead of once per
+//! query head, while every query head still sees exactly the arithmetic of a one-head kernel
+//! (same dot product, f64 softmax sum, in-order accumulation), so results do not depend on how
+//! heads are grouped. Cached rows are read as *runs* of consecutive positions lying `stride`
+//! bytes apart: one run for the contiguous cache, one per block for the paged cache.
+//!
+//! Element types, chosen to match llama.cpp's CPU kernels:
+//! - `f32`: everything in f32.
+//! - `f16`: ggml multiplies f16 K and V by converting the f32 operand to f16 (its
+//!   `vec_dot_type`), so the query and the softmax weights are rounded to f16 before their dot
+//!   products; K and V rows convert exactly.
+//! - `q8_0`: ggml `block_q8_0` rows (f16 scale + 32 × i8 per 32 values). llama.cpp needs flash
+//!   attention for a quantized V cache; its CPU kernel quantizes the query to q8_0, takes
+//!   integer q8_0·q8_0 dot products with the K rows (block sums scaled by `d_k·d_q`), and
+//!   accumulates dequantized f32 V rows with f32 weights. We do the same, with the two-pass
+//!   softmax (f64 sum) of the other types instead of its online f32 softmax — a difference of
+//!   about one ulp in the weights. q8_0 needs `head_dim` to be a multiple of 32.
+//!
+//! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
+//! its KV head once and does O(n_ctx × head_dim) work per query head.
 
-use half::f16;
+use airs_gguf::GgmlType;
 
 use crate::error::{EngineError, EngineErrorKind};
 
@@ -14,14 +37,20 @@ use crate::error::{EngineError, EngineErrorKind};
 pub enum KvType {
     F32,
     F16,
+    /// ggml `block_q8_0`: 34 bytes per 32 values.
+    Q8_0,
 }
 
+/// Largest `head_dim` the attention kernel supports.
+pub const MAX_HEAD_DIM: usize = 256;
+
 impl KvType {
-    /// Bytes per cached element.
+    /// Bytes per cached element (on average, for block types).
     pub fn element_bytes(self) -> f64 {
         match self {
             KvType::F32 => 4.0,
             KvType::F16 => 2.0,
+            KvType::Q8_0 => 34.0 / 32.0,
         }
     }
 
@@ -29,6 +58,20 @@ impl KvType {
         match self {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes of one head's cached row of `head_dim` values, or `None` when this type cannot
+    /// hold such a row (q8_0 needs a multiple of 32) or it is longer than [`MAX_HEAD_DIM`].
+    pub fn row_bytes(self, head_dim: usize) -> Option<usize> {
+        if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+            return None;
+        }
+        match self {
+            KvType::F32 => Some(head_dim * 4),
+            KvType::F16 => Some(head_dim * 2),
+            KvType::Q8_0 => head_dim.is_multiple_of(32).then_some(head_dim / 32 * 34),
         }
     }
 }
@@ -40,7 +83,8 @@ impl std::str::FromStr for KvType {
         match s {
             "f32" => Ok(KvType::F32),
             "f16" => Ok(KvType::F16),
-            other => Err(format!("unknown KV type {other:?} (f32 or f16)")),
+            "q8_0" => Ok(KvType::Q8_0),
+            other => Err(format!("unknown KV type {other:?} (f32, f16 or q8_0)")),
         }
     }
 }
@@ -57,6 +101,23 @@ impl KvShape {
     /// Values per position per layer for K (and for V).
     pub fn kv_len(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// Bytes one position takes in a cache of type `ty` (K and V of every layer).
+    pub fn bytes_per_token(&self, ty: KvType) -> Option<usize> {
+        Some(2 * self.layers * self.kv_heads * ty.row_bytes(self.head_dim)?)
+    }
+
+    /// The row size of `ty`, or the error explaining why this shape cannot use it.
+    pub(crate) fn checked_row_bytes(&self, ty: KvType) -> Result<usize, EngineError> {
+        ty.row_bytes(self.head_dim).ok_or_else(|| {
+            EngineError::invalid(format!(
+                "a {} KV cache cannot hold heads of {} values (q8_0 needs a multiple of 32; at \
+                 most {MAX_HEAD_DIM})",
+                ty.name(),
+                self.head_dim
+            ))
+        })
     }
 }
 
@@ -81,8 +142,11 @@ pub trait KvCache: Send + Sync {
     /// Record that positions `0..len` are now stored (after every layer wrote them).
     fn set_len(&mut self, len: usize);
 
-    /// Attention of one query head against positions `0..n_ctx` of `kv_head` in `layer`:
-    /// `out = softmax(scale · K q) · V`. `scores` is scratch space of at least `n_ctx` floats.
+    /// Attention of one or more query heads that share `kv_head` against positions `0..n_ctx`
+    /// of `layer`: `q` and `out` hold `heads × head_dim` values (head after head), and for each
+    /// head `out = softmax(scale · K q) · V`. `scores` is scratch space of at least
+    /// `heads × n_ctx` floats. Each head's result is independent of how many are passed.
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         layer: usize,
@@ -98,117 +162,110 @@ pub trait KvCache: Send + Sync {
     fn allocated_bytes(&self) -> usize;
 }
 
-enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
+// ---------------------------------------------------------------------------------------------
+// Row encodings.
 
-/// A contiguous cache holding `capacity` positions for every layer.
-pub struct ContiguousKv {
-    shape: KvShape,
-    capacity: usize,
-    len: usize,
-    /// Per layer: K then V, each `capacity × kv_len`.
-    layers: Vec<(Store, Store)>,
-}
-
-impl ContiguousKv {
-    pub fn new(shape: KvShape, capacity: usize, ty: KvType) -> ContiguousKv {
-        let n = capacity * shape.kv_len();
-        let make = || match ty {
-            KvType::F32 => Store::F32(vec![0.0; n]),
-            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
-        };
-        ContiguousKv {
-            shape,
-            capacity,
-            len: 0,
-            layers: (0..shape.layers).map(|_| (make(), make())).collect(),
-        }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
-fn write(store: &mut Store, at: usize, src: &[f32]) {
-    match store {
-        Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
-        Store::F16(d) => {
-            for (o, &x) in d[at..at + src.len()].iter_mut().zip(src) {
-                *o = f16::from_f32(x);
-            }
-        }
-    }
-}
-
-/// How attention rounds its inputs, to match llama.cpp's kernels for each KV type.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Rounding {
-    /// f32 throughout.
-    None,
-    /// As ggml multiplies f16 K and V: the query and the softmax weights are rounded to f16
-    /// before their dot products (ggml converts the f32 operand to the f16 `vec_dot_type`).
-    F16,
-}
-
-fn round_f16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
-}
-
-/// `softmax(scale · K q) · V` over `n_ctx` cached rows, read one row at a time by `k_row` and
-/// `v_row`. Softmax sums in f64 as ggml does.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_rows(
-    k_row: impl Fn(usize, &mut [f32]),
-    v_row: impl Fn(usize, &mut [f32]),
-    q: &[f32],
-    n_ctx: usize,
-    scale: f32,
-    rounding: Rounding,
-    out: &mut [f32],
-    scores: &mut [f32],
-) {
-    let head_dim = q.len();
-    let mut q_buf = [0.0f32; 256];
-    let q = match rounding {
-        Rounding::None => q,
-        Rounding::F16 => {
-            for (o, &x) in q_buf.iter_mut().zip(q) {
-                *o = round_f16(x);
-            }
-            &q_buf[..head_dim]
-        }
+/// IEEE half bits → f32, exactly (branch-free, so loops over rows vectorize; the FP16
+/// library's formula, as ggml's scalar fallback).
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let w = u32::from(h) << 16;
+    let sign = w & 0x8000_0000;
+    let two_w = w.wrapping_add(w);
+    let normalized = f32::from_bits((two_w >> 4) + (0xE0 << 23)) * f32::from_bits(0x0780_0000);
+    let denormalized = f32::from_bits((two_w >> 17) | (126 << 23)) - 0.5;
+    let magnitude = if two_w < (1 << 27) {
+        denormalized.to_bits()
+    } else {
+        normalized.to_bits()
     };
-    let mut row = [0.0f32; 256];
-    let row = &mut row[..head_dim];
-    let mut max = f32::NEG_INFINITY;
-    for (j, s) in scores[..n_ctx].iter_mut().enumerate() {
-        k_row(j, row);
-        *s = dot(q, row) * scale;
-        max = max.max(*s);
+    f32::from_bits(sign | magnitude)
+}
+
+/// f32 → IEEE half bits, rounding to nearest even (branch-free; the FP16 library's formula).
+#[inline(always)]
+pub(crate) fn f32_to_f16(f: f32) -> u16 {
+    let mut base = (f.abs() * f32::from_bits(0x7780_0000)) * f32::from_bits(0x0880_0000);
+    let w = f.to_bits();
+    let shl1_w = w.wrapping_add(w);
+    let sign = w & 0x8000_0000;
+    let bias = (shl1_w & 0xFF00_0000).max(0x7100_0000);
+    base += f32::from_bits((bias >> 1) + 0x0780_0000);
+    let bits = base.to_bits();
+    let nonsign = ((bits >> 13) & 0x7C00) + (bits & 0x0FFF);
+    ((sign >> 16)
+        | if shl1_w > 0xFF00_0000 {
+            0x7E00
+        } else {
+            nonsign
+        }) as u16
+}
+
+#[inline(always)]
+fn round_f16(x: f32) -> f32 {
+    f16_to_f32(f32_to_f16(x))
+}
+
+/// Encode one head's row of `src.len()` values as `ty` into `dst` (`ty.row_bytes` bytes).
+pub(crate) fn encode_row(ty: KvType, src: &[f32], dst: &mut [u8]) {
+    match ty {
+        KvType::F32 => {
+            for (d, &x) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        KvType::F16 => {
+            for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_f16(x).to_le_bytes());
+            }
+        }
+        KvType::Q8_0 => airs_kernels::quantize_row(GgmlType::Q8_0, src, dst)
+            .expect("q8_0 row geometry checked at cache creation"),
     }
-    let mut sum = 0.0f64;
-    for s in &mut scores[..n_ctx] {
-        *s = (*s - max).exp();
-        sum += f64::from(*s);
-    }
-    let inv = (1.0 / sum) as f32;
-    out.fill(0.0);
-    for (j, &s) in scores[..n_ctx].iter().enumerate() {
-        v_row(j, row);
-        let w = match rounding {
-            Rounding::None => s * inv,
-            Rounding::F16 => round_f16(s * inv),
-        };
-        for (o, &v) in out.iter_mut().zip(row.iter()) {
-            *o += w * v;
+}
+
+/// Decode one head's row of `out.len()` values of type `ty`.
+#[inline(always)]
+fn decode_row(ty: KvType, src: &[u8], out: &mut [f32]) {
+    match ty {
+        KvType::F32 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        KvType::F16 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        KvType::Q8_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                for (o, &q) in o.iter_mut().zip(&b[2..34]) {
+                    *o = f32::from(q as i8) * d;
+                }
+            }
         }
     }
 }
 
-#[inline]
+/// ggml's `vec_dot_q8_0_q8_0`: per 32-value block an exact integer dot scaled by `d_a · d_b`.
+#[inline(always)]
+fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    for (x, y) in a.chunks_exact(34).zip(b.chunks_exact(34)) {
+        let dx = f16_to_f32(u16::from_le_bytes([x[0], x[1]]));
+        let dy = f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+        let mut isum = 0i32;
+        for (&p, &q) in x[2..34].iter().zip(&y[2..34]) {
+            isum += i32::from(p as i8) * i32::from(q as i8);
+        }
+        sum += isum as f32 * (dx * dy);
+    }
+    sum
+}
+
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators let the compiler vectorize without reassociation.
     let mut acc = [0.0f32; 8];
@@ -225,15 +282,290 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-fn read_row(store: &Store, at: usize, out: &mut [f32]) {
-    match store {
-        Store::F32(d) => out.copy_from_slice(&d[at..at + out.len()]),
-        Store::F16(d) => {
-            let n = out.len();
-            for (o, x) in out.iter_mut().zip(&d[at..at + n]) {
-                *o = x.to_f32();
+/// `out[i] = dot(q, row i) · scale` for the rows of `rows` (each `q.len()` values).
+#[inline(always)]
+fn dot_rows(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(q.len())) {
+        *o = dot(q, r) * scale;
+    }
+}
+
+/// `out += Σ_i w[i] · row i` over the rows of `rows` (each `out.len()` values), every element
+/// summed in row order; columns go 32 at a time through registers when the width allows.
+#[inline(always)]
+fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
+    let n = out.len();
+    if n.is_multiple_of(32) {
+        for c in (0..n).step_by(32) {
+            let o: &mut [f32; 32] = (&mut out[c..c + 32]).try_into().expect("32 columns");
+            let mut acc = *o;
+            for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
+                let r: &[f32; 32] = row[c..c + 32].try_into().expect("32 columns");
+                for k in 0..32 {
+                    acc[k] += wi * r[k];
+                }
+            }
+            *o = acc;
+        }
+    } else {
+        for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o += wi * x;
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attention kernel.
+
+/// Ask the CPU to start loading `bytes` (the next run, while this one is computed): a paged
+/// cache's runs lie in separate blocks, where the hardware prefetcher loses the stream.
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch is only a hint: it never faults, has no architectural effect,
+        // and the address lies inside a live slice anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// `rows` consecutive cached positions of one KV head: row `i` of K starts at byte
+/// `i × stride` of `k` (likewise for V) and holds one head's row.
+pub(crate) struct RowRun<'a> {
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+    pub rows: usize,
+    pub stride: usize,
+}
+
+/// Rows decoded at a time (the paged cache's default block size).
+const CHUNK_ROWS: usize = 16;
+
+/// Grouped-query attention over cached rows of type `ty` supplied as `runs` runs by `run`,
+/// covering positions `0..n_ctx` in order: for each of the `q.len() / head_dim` query heads,
+/// `out_h = softmax(scale · K q_h) · V`. `scores` needs `heads × n_ctx` floats.
+///
+/// On x86-64 CPUs with AVX2 the same code is compiled for 256-bit vectors. Rust never fuses or
+/// reorders float operations, so both builds compute bit-identical results; only the speed
+/// differs (aarch64's baseline NEON needs no second build).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
+    ty: KvType,
+    head_dim: usize,
+    runs: usize,
+    run: F,
+    q: &[f32],
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+    scores: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement of a
+        // `target_feature(enable = "avx2")` function.
+        unsafe { attend_runs_avx2(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
+        return;
+    }
+    attend_runs_any(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+}
+
+/// [`attend_runs`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+fn attend_runs_avx2<'a, F: Fn(usize) -> RowRun<'a>>(
+    ty: KvType,
+    head_dim: usize,
+    runs: usize,
+    run: F,
+    q: &[f32],
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+    scores: &mut [f32],
+) {
+    attend_runs_any(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+}
+
+/// The body of [`attend_runs`], inlined into each instruction-set build.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_runs_any<'a, F: Fn(usize) -> RowRun<'a>>(
+    ty: KvType,
+    head_dim: usize,
+    runs: usize,
+    run: F,
+    q: &[f32],
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+    scores: &mut [f32],
+) {
+    assert!(head_dim <= MAX_HEAD_DIM && head_dim > 0);
+    let heads = q.len() / head_dim;
+    let row_bytes = ty.row_bytes(head_dim).expect("row geometry checked");
+    let scores = &mut scores[..heads * n_ctx];
+    // The query in the encoding the K rows are multiplied in.
+    let mut q_f32 = Vec::new();
+    let mut q_q8 = Vec::new();
+    match ty {
+        KvType::F32 => q_f32.extend_from_slice(q),
+        KvType::F16 => q_f32.extend(q.iter().map(|&x| round_f16(x))),
+        KvType::Q8_0 => {
+            q_q8.resize(heads * row_bytes, 0);
+            for (src, dst) in q
+                .chunks_exact(head_dim)
+                .zip(q_q8.chunks_exact_mut(row_bytes))
+            {
+                encode_row(KvType::Q8_0, src, dst);
+            }
+        }
+    }
+    let mut rows_buf = [0.0f32; CHUNK_ROWS * MAX_HEAD_DIM];
+
+    // Scores, a chunk of rows at a time: decode the rows once, then every head.
+    let mut j0 = 0;
+    for r in 0..runs {
+        let RowRun {
+            k, rows, stride, ..
+        } = run(r);
+        if r + 1 < runs {
+            prefetch(run(r + 1).k);
+        }
+        let mut i0 = 0;
+        while i0 < rows {
+            let n = (rows - i0).min(CHUNK_ROWS);
+            let row = |i: usize| &k[(i0 + i) * stride..(i0 + i) * stride + row_bytes];
+            if ty == KvType::Q8_0 {
+                for h in 0..heads {
+                    let qh = &q_q8[h * row_bytes..(h + 1) * row_bytes];
+                    let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                    for (i, s) in s.iter_mut().enumerate() {
+                        *s = dot_q8_0(row(i), qh) * scale;
+                    }
+                }
+            } else {
+                let buf = &mut rows_buf[..n * head_dim];
+                for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
+                    decode_row(ty, row(i), o);
+                }
+                for h in 0..heads {
+                    let qh = &q_f32[h * head_dim..(h + 1) * head_dim];
+                    let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                    dot_rows(qh, buf, scale, s);
+                }
+            }
+            i0 += n;
+            j0 += n;
+        }
+    }
+    assert_eq!(j0, n_ctx, "runs must cover n_ctx positions");
+
+    // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`.
+    for s in scores.chunks_exact_mut(n_ctx) {
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0.0f64;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += f64::from(*x);
+        }
+        let inv = (1.0 / sum) as f32;
+        if ty == KvType::F16 {
+            for x in s.iter_mut() {
+                *x = round_f16(*x * inv);
+            }
+        } else {
+            for x in s.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
+
+    // Weighted sum of V rows, in position order for every head.
+    out[..heads * head_dim].fill(0.0);
+    let mut j0 = 0;
+    for r in 0..runs {
+        let RowRun {
+            v, rows, stride, ..
+        } = run(r);
+        if r + 1 < runs {
+            prefetch(run(r + 1).v);
+        }
+        let mut i0 = 0;
+        while i0 < rows {
+            let n = (rows - i0).min(CHUNK_ROWS);
+            let buf = &mut rows_buf[..n * head_dim];
+            for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
+                let at = (i0 + i) * stride;
+                decode_row(ty, &v[at..at + row_bytes], o);
+            }
+            for h in 0..heads {
+                let oh = &mut out[h * head_dim..(h + 1) * head_dim];
+                let w = &scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                accumulate_rows(oh, w, buf);
+            }
+            i0 += n;
+            j0 += n;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The contiguous cache.
+
+/// A contiguous cache holding `capacity` positions for every layer.
+pub struct ContiguousKv {
+    shape: KvShape,
+    ty: KvType,
+    /// Bytes of one head's row.
+    row_bytes: usize,
+    capacity: usize,
+    len: usize,
+    /// Per layer: K then V, each `capacity × kv_heads` rows, position-major.
+    layers: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ContiguousKv {
+    /// A cache of `capacity` positions. Panics if `ty` cannot hold `shape`'s heads (q8_0 needs
+    /// `head_dim` to be a multiple of 32); see [`ContiguousKv::try_new`].
+    pub fn new(shape: KvShape, capacity: usize, ty: KvType) -> ContiguousKv {
+        ContiguousKv::try_new(shape, capacity, ty).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub fn try_new(
+        shape: KvShape,
+        capacity: usize,
+        ty: KvType,
+    ) -> Result<ContiguousKv, EngineError> {
+        let row_bytes = shape.checked_row_bytes(ty)?;
+        let n = capacity * shape.kv_heads * row_bytes;
+        Ok(ContiguousKv {
+            shape,
+            ty,
+            row_bytes,
+            capacity,
+            len: 0,
+            layers: (0..shape.layers)
+                .map(|_| (vec![0; n], vec![0; n]))
+                .collect(),
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.ty
     }
 }
 
@@ -253,10 +585,14 @@ impl KvCache for ContiguousKv {
     }
 
     fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
-        let at = start * self.shape.kv_len();
+        let (hd, rb) = (self.shape.head_dim, self.row_bytes);
         let (ks, vs) = &mut self.layers[layer];
-        write(ks, at, k);
-        write(vs, at, v);
+        let at = start * self.shape.kv_heads * rb;
+        for (i, (ksrc, vsrc)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let d = at + i * rb;
+            encode_row(self.ty, ksrc, &mut ks[d..d + rb]);
+            encode_row(self.ty, vsrc, &mut vs[d..d + rb]);
+        }
     }
 
     fn set_len(&mut self, len: usize) {
@@ -273,30 +609,172 @@ impl KvCache for ContiguousKv {
         out: &mut [f32],
         scores: &mut [f32],
     ) {
-        let kv_len = self.shape.kv_len();
-        let off = kv_head * self.shape.head_dim;
         let (ks, vs) = &self.layers[layer];
-        let rounding = match ks {
-            Store::F32(_) => Rounding::None,
-            Store::F16(_) => Rounding::F16,
+        let at = kv_head * self.row_bytes;
+        let run = |_| RowRun {
+            k: &ks[at..],
+            v: &vs[at..],
+            rows: n_ctx,
+            stride: self.shape.kv_heads * self.row_bytes,
         };
-        attend_rows(
-            |j, row| read_row(ks, j * kv_len + off, row),
-            |j, row| read_row(vs, j * kv_len + off, row),
+        attend_runs(
+            self.ty,
+            self.shape.head_dim,
+            1,
+            run,
             q,
             n_ctx,
             scale,
-            rounding,
             out,
             scores,
         );
     }
 
     fn allocated_bytes(&self) -> usize {
-        let per = match &self.layers.first() {
-            Some((Store::F16(_), _)) => 2,
-            _ => 4,
+        2 * self.shape.layers * self.capacity * self.shape.kv_heads * self.row_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    #[test]
+    fn f16_conversions_match_the_half_crate() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}"
+            );
+        }
+        let mut x = 0x1234_5678u32;
+        let check = |f: f32| {
+            let want = f16::from_f32(f);
+            let got = f32_to_f16(f);
+            assert!(
+                got == want.to_bits() || (f.is_nan() && f16::from_bits(got).is_nan()),
+                "{f:e}: {got:#06x} vs {:#06x}",
+                want.to_bits()
+            );
         };
-        2 * self.shape.layers * self.capacity * self.shape.kv_len() * per
+        for _ in 0..2_000_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            check(f32::from_bits(x));
+        }
+        for h in 0..=u16::MAX {
+            // Every half value and the midpoints around it (ties round to even).
+            let f = f16::from_bits(h).to_f32();
+            if f.is_finite() {
+                for d in [-1i32, 0, 1] {
+                    check(f32::from_bits(f.to_bits().wrapping_add_signed(d)));
+                }
+                let next = f16::from_bits(h.wrapping_add(1)).to_f32();
+                if next.is_finite() {
+                    check((f + next) / 2.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_rows_round_trip_and_dot_like_ggml() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 19) as f32 - 9.0) * 0.3)
+            .collect();
+        let y: Vec<f32> = (0..64)
+            .map(|i| ((i * 11 % 23) as f32 - 11.0) * 0.1)
+            .collect();
+        let (mut a, mut b) = (vec![0u8; 68], vec![0u8; 68]);
+        encode_row(KvType::Q8_0, &x, &mut a);
+        encode_row(KvType::Q8_0, &y, &mut b);
+        let mut back = vec![0.0; 64];
+        decode_row(KvType::Q8_0, &a, &mut back);
+        for (u, v) in x.iter().zip(&back) {
+            assert!((u - v).abs() <= 2.7 / 127.0 + 1e-6);
+        }
+        let want =
+            airs_kernels::dot(airs_kernels::Isa::Scalar, GgmlType::Q8_0, 64, &a, &b).unwrap();
+        assert!((dot_q8_0(&a, &b) - want).abs() <= want.abs() * 1e-6);
+    }
+
+    #[test]
+    fn every_instruction_set_build_computes_the_same_bits() {
+        let head_dim = 64;
+        let n = 77;
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            let rb = ty.row_bytes(head_dim).unwrap();
+            let mut k = vec![0u8; n * rb];
+            let mut v = vec![0u8; n * rb];
+            for (i, (kr, vr)) in k
+                .chunks_exact_mut(rb)
+                .zip(v.chunks_exact_mut(rb))
+                .enumerate()
+            {
+                let row: Vec<f32> = (0..head_dim)
+                    .map(|j| (((i * 31 + j * 7) % 41) as f32 - 20.0) * 0.09)
+                    .collect();
+                encode_row(ty, &row, kr);
+                let row: Vec<f32> = row.iter().map(|x| x * -0.7 + 0.1).collect();
+                encode_row(ty, &row, vr);
+            }
+            let run = |r: usize| {
+                let rows = (n - r * 16).min(16);
+                let at = r * 16 * rb;
+                RowRun {
+                    k: &k[at..at + rows * rb],
+                    v: &v[at..at + rows * rb],
+                    rows,
+                    stride: rb,
+                }
+            };
+            let q: Vec<f32> = (0..5 * head_dim)
+                .map(|i| ((i % 13) as f32 - 6.0) * 0.3)
+                .collect();
+            let mut scores = vec![0.0; 5 * n];
+            let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
+            let runs = n.div_ceil(16);
+            attend_runs(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores);
+            attend_runs_any(ty, head_dim, runs, run, &q, n, 0.125, &mut b, &mut scores);
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{ty:?}");
+        }
+    }
+
+    #[test]
+    fn grouped_attention_equals_one_head_at_a_time() {
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: 2,
+            head_dim: 32,
+        };
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            let mut kv = ContiguousKv::new(shape, 40, ty);
+            let n = 37;
+            let k: Vec<f32> = (0..n * 64)
+                .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
+                .collect();
+            let v: Vec<f32> = (0..n * 64)
+                .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
+                .collect();
+            kv.store(0, 0, &k, &v);
+            kv.set_len(n);
+            let q: Vec<f32> = (0..3 * 32)
+                .map(|i| ((i * 3 % 17) as f32 - 8.0) * 0.2)
+                .collect();
+            let mut scores = vec![0.0; 3 * n];
+            let mut all = vec![0.0; 3 * 32];
+            kv.attend(0, 1, &q, n, 0.17, &mut all, &mut scores);
+            for h in 0..3 {
+                let mut one = vec![0.0; 32];
+                let qh = &q[h * 32..(h + 1) * 32];
+                kv.attend(0, 1, qh, n, 0.17, &mut one, &mut scores);
+                assert_eq!(one, all[h * 32..(h + 1) * 32], "{ty:?} head {h}");
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use airs_kernels::{ActType, Isa};
+use airs_kernels::{ActType, Isa, PreparedActs};
 
 use crate::model::TensorRef;
 use crate::pool::ThreadPool;
@@ -50,6 +50,8 @@ impl<'a, T> DisjointOut<'a, T> {
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Activations prepared for the tiled kernels, on the thread that calls `matmul`.
+    static PREP: RefCell<PreparedActs> = RefCell::new(PreparedActs::new());
 }
 
 /// Activations quantized once per matmul input, per activation encoding.
@@ -110,11 +112,27 @@ pub(crate) fn matmul(
     debug_assert_eq!(out.len(), tokens * rows);
     let data = w.data(image);
     let threads = pool.threads();
-    // Enough chunks for balance on a noisy machine, each a multiple of 4 rows.
+    if tokens > 1 {
+        let done = PREP.with(|prep| {
+            let mut prep = prep.borrow_mut();
+            let ready = airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
+                .expect("matmul geometry checked at model load");
+            if ready {
+                prepare_acts(pool, w, acts, tokens, &mut prep);
+                matmul_prepared(pool, isa, w, data, &prep, tokens, out);
+            }
+            ready
+        });
+        if done {
+            return;
+        }
+    }
+    // Enough chunks for balance on a noisy machine, each a multiple of the kernels' 16-row
+    // tiles.
     let chunk = if threads == 1 {
         rows
     } else {
-        (rows / (threads * 8)).next_multiple_of(4).max(4)
+        (rows / (threads * 8)).next_multiple_of(16).max(16)
     };
     let act_row_bytes = acts.len() / tokens.max(1);
     let writer = DisjointOut::new(out);
@@ -141,6 +159,60 @@ pub(crate) fn matmul(
                 width,
             )
             .expect("matmul geometry checked at model load");
+            for t in 0..tokens {
+                let start = t * rows + range.start;
+                // SAFETY: row ranges of different chunks are disjoint within every token row.
+                let o = unsafe { writer.slice(start..start + width) };
+                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+            }
+        });
+    });
+}
+
+/// Fill `prep` (laid out for `tokens` rows of `w`'s activations) from `acts`, token groups
+/// split across the pool.
+fn prepare_acts(
+    pool: &ThreadPool,
+    w: &TensorRef,
+    acts: &[u8],
+    tokens: usize,
+    prep: &mut PreparedActs,
+) {
+    let group_bytes = prep.group_bytes();
+    let groups = prep.groups();
+    let acts = &acts[..acts.len() / tokens.max(1) * tokens];
+    let writer = DisjointOut::new(prep.bytes_mut());
+    pool.for_chunks(groups, 4, &|range| {
+        // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
+        let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
+        airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
+            .expect("matmul geometry checked at model load");
+    });
+}
+
+/// The tiled product of all rows of `w` with the prepared activations: row chunks that are
+/// multiples of the kernels' 16-row tiles, each chunk computed into a per-thread tile and
+/// copied to its columns of `out` (`tokens × rows`).
+fn matmul_prepared(
+    pool: &ThreadPool,
+    isa: Isa,
+    w: &TensorRef,
+    data: &[u8],
+    prep: &PreparedActs,
+    tokens: usize,
+    out: &mut [f32],
+) {
+    let rows = w.rows;
+    let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
+    let writer = DisjointOut::new(out);
+    pool.for_chunks(rows, chunk, &|range| {
+        let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
+        let width = range.len();
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            tile.resize(tokens * width, 0.0);
+            airs_kernels::matmul_prepared(isa, w.ty, w.cols, w_rows, prep, &mut tile, width)
+                .expect("matmul geometry checked at model load");
             for t in 0..tokens {
                 let start = t * rows + range.start;
                 // SAFETY: row ranges of different chunks are disjoint within every token row.

@@ -111,6 +111,13 @@ fn path(isa: Isa) -> Path {
     }
 }
 
+/// Whether `isa` runs AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C) code on this CPU.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx512_vnni(isa: Isa) -> bool {
+    path(isa) == Path::Avx512Vnni
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dot dispatch. Each `dot_*` is a `DotFn`: it views the rows as blocks (panicking, never
 // reading out of bounds, if a row is short) and runs the kernel for `path(isa)`.

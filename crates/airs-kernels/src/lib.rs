@@ -17,9 +17,11 @@ mod act;
 mod isa;
 mod kquants;
 mod legacy;
+mod tiled;
 
 pub use airs_gguf::{GgmlType, QK_K};
 pub use isa::Isa;
+pub use tiled::PreparedActs;
 
 /// The encoding of activations that a weight type's dot product consumes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -63,6 +65,8 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
+    #[error("activations were not prepared for a {0} matmul on this instruction set")]
+    Unprepared(GgmlType),
     #[error("row length {n} is not a multiple of the {ty} block length {block_len}")]
     RaggedRow {
         ty: GgmlType,
@@ -170,13 +174,47 @@ pub fn dot(isa: Isa, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> Result<f32
     Ok((k.dot)(isa, n, w, act))
 }
 
+/// Checked geometry of a matmul with `tokens` activation rows: (weight row bytes, rows), or
+/// `None` if rows are empty (`n` = 0).
+fn matmul_geometry(
+    ty: GgmlType,
+    n: usize,
+    w_rows: &[u8],
+    tokens: usize,
+    out_len: usize,
+    out_stride: usize,
+) -> Result<Option<(usize, usize)>, KernelError> {
+    let w_row_bytes = check_row(ty, n)?;
+    if w_row_bytes == 0 {
+        return Ok(None);
+    }
+    check_len(
+        "matmul weight rows",
+        w_rows.len() / w_row_bytes * w_row_bytes,
+        w_rows.len(),
+    )?;
+    let rows = w_rows.len() / w_row_bytes;
+    if tokens > 0 {
+        let needed = (tokens - 1) * out_stride + rows;
+        if out_len < needed || (tokens > 1 && out_stride < rows) {
+            return Err(KernelError::LengthMismatch {
+                what: "matmul output",
+                expected: needed,
+                got: out_len,
+            });
+        }
+    }
+    Ok(Some((w_row_bytes, rows)))
+}
+
 /// `out[t * out_stride + r] = dot(weight row r, activation row t)` for every weight row `r` in
 /// `w_rows` (consecutive rows of `n` values each) and every activation row `t` in `acts`
 /// (consecutive rows in `act_type(ty)` encoding).
 ///
-/// Single-threaded; weight rows are walked in tiles so that a tile stays in cache while every
-/// activation row passes over it (the prefill case), and the decode case (one activation row)
-/// streams each weight byte once.
+/// Single-threaded. With several activation rows and a SIMD `isa`, weight rows are repacked a
+/// tile at a time and multiplied with all activation rows at once (see [`prepare_acts`]; this
+/// function prepares them itself, per call); with one activation row, each weight byte is
+/// streamed once. Results equal the per-row [`dot`] up to f32 rounding order.
 pub fn matmul(
     isa: Isa,
     ty: GgmlType,
@@ -187,31 +225,26 @@ pub fn matmul(
     out_stride: usize,
 ) -> Result<(), KernelError> {
     let k = kernels(ty)?;
-    let w_row_bytes = check_row(ty, n)?;
     let act_row_bytes = k.act.row_bytes(n);
-    if w_row_bytes == 0 || act_row_bytes == 0 {
+    let tokens = act_rows(ty, n, acts)?;
+    let Some((w_row_bytes, rows)) = matmul_geometry(ty, n, w_rows, tokens, out.len(), out_stride)?
+    else {
         return Ok(());
-    }
-    check_len(
-        "matmul weight rows",
-        w_rows.len() / w_row_bytes * w_row_bytes,
-        w_rows.len(),
-    )?;
-    check_len(
-        "matmul activation rows",
-        acts.len() / act_row_bytes * act_row_bytes,
-        acts.len(),
-    )?;
-    let rows = w_rows.len() / w_row_bytes;
-    let tokens = acts.len() / act_row_bytes;
-    if tokens > 0 {
-        let needed = (tokens - 1) * out_stride + rows;
-        if out.len() < needed || (tokens > 1 && out_stride < rows) {
-            return Err(KernelError::LengthMismatch {
-                what: "matmul output",
-                expected: needed,
-                got: out.len(),
-            });
+    };
+    if rows > 0 && tokens > 0 && tiled::available(isa) {
+        match tiled::kind(ty) {
+            Some((kind, act)) if tokens >= 2 => {
+                tiled::with_prep_buffer(|prep| {
+                    tiled::prepare(kind, act, n, acts, tokens, prep);
+                    tiled::run(isa, ty, kind, n, w_rows, w_row_bytes, prep, out, out_stride);
+                });
+                return Ok(());
+            }
+            Some((kind, act)) if kind != tiled::Kind::Float => {
+                tiled::decode(isa, ty, kind, act, n, w_rows, w_row_bytes, acts, out);
+                return Ok(());
+            }
+            _ => {}
         }
     }
     // Tile of weight rows that fits comfortably in L2 (≈ 256 KiB) while activations stream.
@@ -225,6 +258,127 @@ pub fn matmul(
                 o[r] = (k.dot)(isa, n, &w_rows[r * w_row_bytes..(r + 1) * w_row_bytes], a);
             }
         }
+    }
+    Ok(())
+}
+
+/// Rearrange `acts` (activation rows of `n` values in `act_type(ty)` encoding) into `prep` for
+/// [`matmul_prepared`], if `isa` has tiled kernels for `ty` on this CPU and there are at least
+/// two rows; returns whether it did (otherwise use [`matmul`]).
+///
+/// Preparing once per weight matrix and splitting its rows across threads with
+/// [`matmul_prepared`] saves every thread the O(tokens · n) preparation that [`matmul`] does.
+/// To prepare in parallel, use [`layout_prepared_acts`] and [`prepare_act_groups`] instead.
+pub fn prepare_acts(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    acts: &[u8],
+    prep: &mut PreparedActs,
+) -> Result<bool, KernelError> {
+    let tokens = act_rows(ty, n, acts)?;
+    if !layout_prepared_acts(isa, ty, n, tokens, prep)? {
+        return Ok(false);
+    }
+    prepare_act_groups(ty, n, acts, 0, &mut prep.bytes)?;
+    Ok(true)
+}
+
+/// Number of whole activation rows in `acts` for weights `ty` with rows of `n` values.
+fn act_rows(ty: GgmlType, n: usize, acts: &[u8]) -> Result<usize, KernelError> {
+    let k = kernels(ty)?;
+    check_row(ty, n)?;
+    let act_row_bytes = k.act.row_bytes(n);
+    if act_row_bytes == 0 {
+        return Ok(0);
+    }
+    check_len(
+        "activation rows",
+        acts.len() / act_row_bytes * act_row_bytes,
+        acts.len(),
+    )?;
+    Ok(acts.len() / act_row_bytes)
+}
+
+/// Size `prep` for `tokens` activation rows of `n` values for weights of type `ty`, if `isa`
+/// has tiled kernels for `ty` on this CPU and `tokens ≥ 2`; returns whether it did. The
+/// contents are then written group by group ([`PreparedActs::group_bytes`] each, groups of
+/// [`PreparedActs::GROUP`] tokens) with [`prepare_act_groups`] into
+/// [`PreparedActs::bytes_mut`], possibly by several threads on disjoint groups.
+pub fn layout_prepared_acts(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    tokens: usize,
+    prep: &mut PreparedActs,
+) -> Result<bool, KernelError> {
+    kernels(ty)?;
+    check_row(ty, n)?;
+    match tiled::kind(ty) {
+        Some((kind, act)) if tokens >= 2 && n > 0 && tiled::available(isa) => {
+            tiled::layout(kind, act, n, tokens, prep);
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Write prepared groups `first_group..` (as many as `dst` holds) of the activation rows `acts`
+/// (all of them, as passed to [`layout_prepared_acts`]) for weights of type `ty`.
+pub fn prepare_act_groups(
+    ty: GgmlType,
+    n: usize,
+    acts: &[u8],
+    first_group: usize,
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    let tokens = act_rows(ty, n, acts)?;
+    let Some((kind, act)) = tiled::kind(ty) else {
+        return Err(KernelError::Unprepared(ty));
+    };
+    let group_bytes = tiled::records(kind, n) * tiled::act_record_bytes(kind);
+    let groups = tokens.div_ceil(tiled::GROUP);
+    if group_bytes == 0 {
+        return Ok(());
+    }
+    let count = dst.len() / group_bytes;
+    if dst.len() != count * group_bytes || first_group + count > groups {
+        return Err(KernelError::LengthMismatch {
+            what: "prepared activation groups",
+            expected: (groups.saturating_sub(first_group)) * group_bytes,
+            got: dst.len(),
+        });
+    }
+    tiled::prepare_groups(kind, act, n, acts, first_group, dst);
+    Ok(())
+}
+
+/// [`matmul`] with activations prepared by [`prepare_acts`] (which returned `true` for the
+/// same `isa`, `ty` and `n`); the tokens are those of `prep`.
+pub fn matmul_prepared(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    w_rows: &[u8],
+    prep: &PreparedActs,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<(), KernelError> {
+    kernels(ty)?;
+    let kind = match (tiled::kind(ty), prep.key) {
+        (Some((kind, act)), Some(key)) if key == (kind, act, n, prep.tokens()) => kind,
+        _ => return Err(KernelError::Unprepared(ty)),
+    };
+    if !tiled::available(isa) {
+        return Err(KernelError::Unprepared(ty));
+    }
+    let tokens = prep.tokens();
+    let Some((w_row_bytes, rows)) = matmul_geometry(ty, n, w_rows, tokens, out.len(), out_stride)?
+    else {
+        return Ok(());
+    };
+    if rows > 0 {
+        tiled::run(isa, ty, kind, n, w_rows, w_row_bytes, prep, out, out_stride);
     }
     Ok(())
 }

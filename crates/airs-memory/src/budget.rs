@@ -10,6 +10,25 @@
 //! - model pool = RAM / 2 when RAM ≥ 3 GiB, else 0 (inference is remote);
 //! - user pool = the rest (4 GiB → 1536 MiB, 8 GiB → 3584 MiB, 2 GiB → 1792 MiB).
 //!
+//! Per tier (MiB):
+//!
+//! | RAM    | kernel | reserved | DMA | user  | model |
+//! |--------|--------|----------|-----|-------|-------|
+//! | 1 GiB  | 64     | 32       | 32  | 896   | 0     |
+//! | 2 GiB  | 128    | 64       | 64  | 1792  | 0     |
+//! | 3 GiB  | 192    | 96       | 96  | 1152  | 1536  |
+//! | 4 GiB  | 256    | 128      | 128 | 1536  | 2048  |
+//! | 8 GiB  | 256    | 128      | 128 | 3584  | 4096  |
+//! | 16 GiB | 256    | 128      | 128 | 7680  | 8192  |
+//!
+//! The model pool can be overridden ([`PoolBudget::with_model_pool`], `airs fit --model-pool`):
+//! the user pool absorbs the difference; kernel, reserved and DMA never change, so the override
+//! is at most RAM − (kernel + reserved + DMA).
+//!
+//! KV cost per token ([`kv_bytes_per_token`], [`KvElement`]): 2 (K and V) × layers × kv_heads ×
+//! the bytes of one head's row of `head_dim` values — 4 or 2 bytes per value for f32/f16, ggml
+//! `block_q8_0` (34 bytes per 32 values, `head_dim` a multiple of 32) for q8_0.
+//!
 //! `MemTotal` is below the nominal size (firmware and kernel image are not counted), so
 //! [`PoolBudget::for_this_device`] rounds it up to whole GiB before applying the rule.
 //! Cost: pure arithmetic; reading `/proc/meminfo` once.
@@ -55,10 +74,49 @@ impl PoolBudget {
         Ok(Self::for_total_ram(read_total_ram()?.div_ceil(GIB) * GIB))
     }
 
+    /// This budget with the model pool set to `model_pool_bytes` (an operator override); the
+    /// user pool takes up the difference. Fails when the model pool would not leave room for
+    /// the kernel, reserved and DMA pools.
+    pub fn with_model_pool(self, model_pool_bytes: u64) -> Result<Self, ModelPoolTooLarge> {
+        let max = self.total_bytes - self.fixed_bytes();
+        if model_pool_bytes > max {
+            return Err(ModelPoolTooLarge {
+                requested_bytes: model_pool_bytes,
+                total_bytes: self.total_bytes,
+                max_bytes: max,
+            });
+        }
+        Ok(Self {
+            user_pool_bytes: max - model_pool_bytes,
+            model_pool_bytes,
+            ..self
+        })
+    }
+
+    /// Kernel + reserved + DMA: the pools no override moves.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.kernel_bytes + self.reserved_bytes + self.dma_bytes
+    }
+
     /// Whether a model of `model_bytes` plus `kv_bytes` of KV cache fits the model pool.
     pub fn fits(&self, model_bytes: u64, kv_bytes: u64) -> bool {
         model_bytes.saturating_add(kv_bytes) <= self.model_pool_bytes
     }
+}
+
+/// A model pool override larger than what RAM leaves after kernel, reserved and DMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a model pool of {} MiB does not fit in {} MiB of RAM: at most {} MiB are left after the \
+     kernel, reserved and DMA pools",
+    requested_bytes >> 20,
+    total_bytes >> 20,
+    max_bytes >> 20
+)]
+pub struct ModelPoolTooLarge {
+    pub requested_bytes: u64,
+    pub total_bytes: u64,
+    pub max_bytes: u64,
 }
 
 /// `MemTotal` from `/proc/meminfo`, in bytes.
@@ -80,6 +138,59 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
 /// KV-cache bytes per token: 2 (K and V) × layers × head_dim × kv_heads × bytes per element.
 pub fn kv_bytes_per_token(layers: u32, head_dim: u32, kv_heads: u32, dtype_bytes: u32) -> u64 {
     2 * u64::from(layers) * u64::from(head_dim) * u64::from(kv_heads) * u64::from(dtype_bytes)
+}
+
+/// Element encoding of a KV cache, as far as its size is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvElement {
+    F32,
+    F16,
+    /// ggml `block_q8_0`: an f16 scale and 32 × i8 per 32 values (34 bytes).
+    Q8_0,
+}
+
+impl KvElement {
+    /// Bytes of one head's row of `head_dim` values; `None` when q8_0 cannot hold it
+    /// (`head_dim` not a multiple of 32).
+    pub fn row_bytes(self, head_dim: u32) -> Option<u64> {
+        let n = u64::from(head_dim);
+        match self {
+            KvElement::F32 => Some(4 * n),
+            KvElement::F16 => Some(2 * n),
+            KvElement::Q8_0 => (n % 32 == 0).then_some(n / 32 * 34),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvElement::F32 => "f32",
+            KvElement::F16 => "f16",
+            KvElement::Q8_0 => "q8_0",
+        }
+    }
+}
+
+impl std::str::FromStr for KvElement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvElement::F32),
+            "f16" => Ok(KvElement::F16),
+            "q8_0" => Ok(KvElement::Q8_0),
+            other => Err(format!("unknown KV type {other:?} (f32, f16 or q8_0)")),
+        }
+    }
+}
+
+/// KV-cache bytes per token for `element`: 2 × layers × kv_heads × the row bytes of one head;
+/// `None` when the element cannot encode a `head_dim` row (q8_0 needs a multiple of 32).
+pub fn kv_bytes_per_token_of(
+    layers: u32,
+    head_dim: u32,
+    kv_heads: u32,
+    element: KvElement,
+) -> Option<u64> {
+    Some(2 * u64::from(layers) * u64::from(kv_heads) * element.row_bytes(head_dim)?)
 }
 
 #[cfg(test)]
@@ -131,6 +242,69 @@ mod tests {
         assert_eq!(kv_bytes_per_token(32, 128, 8, 1), 64 * 1024);
         let b = PoolBudget::for_total_ram(4 * GIB);
         assert!(b.fits(700 * MIB, 2048 * kv_bytes_per_token(22, 64, 4, 2)));
+    }
+
+    #[test]
+    fn tier_table_in_the_module_docs_holds() {
+        for (gib, k, r, d, u, m) in [
+            (1, 64, 32, 32, 896, 0),
+            (2, 128, 64, 64, 1792, 0),
+            (3, 192, 96, 96, 1152, 1536),
+            (4, 256, 128, 128, 1536, 2048),
+            (8, 256, 128, 128, 3584, 4096),
+            (16, 256, 128, 128, 7680, 8192),
+        ] {
+            let b = PoolBudget::for_total_ram(gib * GIB);
+            let got = [
+                b.kernel_bytes,
+                b.reserved_bytes,
+                b.dma_bytes,
+                b.user_pool_bytes,
+                b.model_pool_bytes,
+            ]
+            .map(|x| x / MIB);
+            assert_eq!(got, [k, r, d, u, m], "{gib} GiB");
+        }
+    }
+
+    #[test]
+    fn model_pool_override_moves_only_the_user_pool() {
+        let b = PoolBudget::for_total_ram(4 * GIB)
+            .with_model_pool(3 * GIB)
+            .unwrap();
+        assert_eq!(b.model_pool_bytes, 3 * GIB);
+        assert_eq!(b.user_pool_bytes, 512 * MIB);
+        assert_eq!(b.fixed_bytes(), 512 * MIB);
+        // A 2 GiB device can be given a model pool explicitly.
+        let two = PoolBudget::for_total_ram(2 * GIB)
+            .with_model_pool(GIB)
+            .unwrap();
+        assert_eq!(two.user_pool_bytes, 768 * MIB);
+        let err = PoolBudget::for_total_ram(4 * GIB)
+            .with_model_pool(4 * GIB)
+            .unwrap_err();
+        assert_eq!(err.max_bytes, 3584 * MIB);
+        assert!(err.to_string().contains("at most 3584 MiB"), "{err}");
+    }
+
+    #[test]
+    fn kv_elements_match_the_engine_encodings() {
+        // Qwen2.5 0.5B: 24 layers, 2 KV heads of 64.
+        assert_eq!(
+            kv_bytes_per_token_of(24, 64, 2, KvElement::F16),
+            Some(kv_bytes_per_token(24, 64, 2, 2))
+        );
+        assert_eq!(
+            kv_bytes_per_token_of(24, 64, 2, KvElement::F32),
+            Some(24 * 2 * 2 * 64 * 4)
+        );
+        assert_eq!(
+            kv_bytes_per_token_of(24, 64, 2, KvElement::Q8_0),
+            Some(2 * 24 * 2 * 68)
+        );
+        assert_eq!(kv_bytes_per_token_of(5, 8, 4, KvElement::Q8_0), None);
+        assert_eq!("q8_0".parse::<KvElement>(), Ok(KvElement::Q8_0));
+        assert!("q4_0".parse::<KvElement>().is_err());
     }
 
     #[test]

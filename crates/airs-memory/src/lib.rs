@@ -2,6 +2,10 @@
 //! image in pinned, read-only, huge-page-backed memory, the three loaders that fill it
 //! (`eager`, `mmap`, `lazy` via userfaultfd), and the device memory budget.
 //!
+//! KV-cache memory (§6.3) is the [`KvPool`]: a byte budget carved into blocks that sequences
+//! reach through [`BlockTable`]s (PagedAttention), shared by prefix through the radix index in
+//! [`prefix`] (RadixAttention).
+//!
 //! Design: `shared/design/model-memory.md` §6.2 (model memory region, pinning, inference safety)
 //! and §6.4 (lazy loading with userfaultfd, fault-around, layer prefetch), as read by the design
 //! README (huge-page and base-page sizes at run time, mlock after filling, degrade visibly).
@@ -26,21 +30,34 @@
 //! # Ok(()) }
 //! ```
 //! Cost: see each module; the region costs the model's size in RAM and nothing per access.
+//! [`registry::ModelRegistry`] keeps several regions in one model pool: LRU eviction of models no
+//! session holds, security floors that are never evicted (§6.4 `select_victim`).
 
 pub mod budget;
 mod error;
+pub mod kv_pool;
 mod layout;
 mod lazy;
 mod loader;
+pub mod prefix;
 mod region;
 mod storage;
 mod sys;
 pub mod uffd;
 
 pub use error::{ErrorKind, MemoryError, Result};
+pub use kv_pool::{
+    BlockId, BlockTable, DEFAULT_TOKENS_PER_BLOCK, KvPool, KvPoolConfig, KvPoolCounters,
+    KvPoolStats, PinPolicy, PoolExhausted,
+};
 pub use layout::{RegionLayout, Span, SpanKind};
 pub use loader::{
     DEFAULT_CHUNK_BYTES, LoadOptions, LoadProgress, LoaderHandle, LoaderKind, MIN_CHUNK_BYTES,
 };
 pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStats};
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
+pub mod registry;
+pub use budget::{KvElement, ModelPoolTooLarge, PoolBudget};
+pub use registry::{
+    Loaded, ModelId, ModelInfo, ModelRegistry, RegionLoader, RegistryError, RegistryErrorKind,
+};

@@ -1,0 +1,107 @@
+//! Unit tests of the tiled layout: the scalar block decoder against the dequantizers, the
+//! SIMD repackers byte for byte against the scalar repacker.
+
+use super::*;
+use crate::Isa;
+
+fn rng(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+pub(super) const TYPES: [GgmlType; 13] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// `rows` quantized rows of `n` random values.
+pub(super) fn random_rows(ty: GgmlType, n: usize, rows: usize, seed: &mut u64) -> Vec<u8> {
+    let rb = crate::row_bytes(ty, n).unwrap();
+    let mut w = vec![0u8; rows * rb];
+    for row in w.chunks_exact_mut(rb) {
+        let x: Vec<f32> = (0..n)
+            .map(|_| ((rng(seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0)
+            .collect();
+        crate::quantize_row(ty, &x, row).unwrap();
+    }
+    w
+}
+
+#[test]
+fn decoded_blocks_equal_dequantized_rows() {
+    let mut seed = 1;
+    for ty in TYPES {
+        let n = 512;
+        let w = random_rows(ty, n, 1, &mut seed);
+        let mut want = vec![0f32; n];
+        crate::dequantize_row(ty, &w, &mut want).unwrap();
+        match kind(ty).unwrap().0 {
+            Kind::Legacy { .. } => {
+                let mut codes = [0i8; 32];
+                for b in 0..n / 32 {
+                    let (d, m) = decode_legacy(ty, &w, b, &mut codes);
+                    for j in 0..32 {
+                        assert_eq!(
+                            d * f32::from(codes[j]) + m,
+                            want[32 * b + j],
+                            "{ty} {b} {j}"
+                        );
+                    }
+                }
+            }
+            Kind::K { block, .. } => {
+                let mut codes = [0i8; 32];
+                for s in 0..n / 256 {
+                    let (d, dmin) = k_factors(ty, &w, s);
+                    for j in 0..subs(block) {
+                        let (sc, m) = decode_k(ty, &w, s, j, &mut codes[..block]);
+                        for (l, &c) in codes[..block].iter().enumerate() {
+                            // ggml's dequantizers: (d·sc)·q − dmin·m.
+                            let got = (d * sc as f32) * f32::from(c) - dmin * m as f32;
+                            let i = 256 * s + block * j + l;
+                            assert_eq!(got, want[i], "{ty} superblock {s} sub-block {j} value {l}");
+                        }
+                    }
+                }
+            }
+            Kind::Float => {}
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_repack_matches_scalar_repack() {
+    if !available(Isa::Avx512) {
+        return;
+    }
+    let mut seed = 2;
+    for ty in TYPES {
+        let (kind, _) = kind(ty).unwrap();
+        for rows in [1, 5, 16] {
+            let n = 512;
+            let rb = crate::row_bytes(ty, n).unwrap();
+            let w = random_rows(ty, n, rows, &mut seed);
+            let tb = tile_bytes(kind, n, x86::TILE);
+            let (mut a, mut b) = (vec![0xAAu8; tb], vec![0x55u8; tb]);
+            repack_scalar(ty, kind, n, &w, rb, x86::TILE, 0x80, &mut a);
+            // SAFETY: `available` checked the CPU features.
+            unsafe { x86::repack(ty, kind, n, &w, rb, &mut b) };
+            assert!(a == b, "{ty} rows {rows}: SIMD repack differs from scalar");
+        }
+    }
+}

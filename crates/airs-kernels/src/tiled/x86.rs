@@ -1,0 +1,683 @@
+//! AVX-512 VNNI tiled kernels: 16 weight rows (one per 32-bit lane) × up to 8 tokens.
+//!
+//! Repack: a tile's codes are fetched with 32-bit gathers (one gather = 4 consecutive codes of
+//! all 16 rows), so unpacking nibbles / high bits / scales is vectorized across rows and the
+//! interleaved layout needs no transposes. Codes are stored biased by +128 (`code ^ 0x80`).
+//!
+//! Micro-kernels: per block and token, the accumulator starts at the token's `−128·Σy`, then
+//! `block/4` `vpdpbusd` with the token's 4 codes broadcast from memory add the biased dots of
+//! all 16 rows, giving each row's exact integer block dot. The float arithmetic after that is
+//! the scalar reference's, operation for operation (no FMA contraction), so every lane's
+//! result is bit-identical to `dot(Isa::Scalar, ..)`: legacy blocks `sum + sumi·(dx·dy)`
+//! (affine `+ m·(dy·Σy)`); k-quants `isum += sc·sumi` per sub-block (`vpmulld`), mins via
+//! `vpdpwssd` on i16 pairs, then `sum + ((d·dy)·isum − (dmin·dy)·Σ m·Σy)` per superblock.
+
+use std::arch::x86_64::*;
+
+use super::{GROUP, Kind, PreparedActs, act_record_bytes, records, tile_bytes, tile_record_bytes};
+use crate::GgmlType;
+
+/// Rows per tile: one per 32-bit lane of a 512-bit register.
+pub(super) const TILE: usize = 16;
+
+/// `acc + Σ` over `rows` tiles: see the module docs. Runs the whole matmul for `prep`'s tokens.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C. `w_rows` holds whole rows of
+/// `row_bytes` bytes of type `ty` with `n` values each, `prep` was built for (`kind`, `n`), and
+/// `out` holds `(tokens - 1) * out_stride + rows` values (checked by the caller).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn run(
+    ty: GgmlType,
+    kind: Kind,
+    n: usize,
+    w_rows: &[u8],
+    row_bytes: usize,
+    prep: &PreparedActs,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let rows = w_rows.len() / row_bytes;
+    let tokens = prep.tokens();
+    if rows == 0 || tokens == 0 {
+        return;
+    }
+    assert!(
+        (tokens - 1) * out_stride + rows <= out.len(),
+        "tiled matmul output too short"
+    );
+    let per_pass = super::rows_per_pass(kind, n, TILE);
+    let tb = tile_bytes(kind, n, TILE);
+    let groups = tokens.div_ceil(GROUP);
+    super::with_repack_buffer(|buf| {
+        for p0 in (0..rows).step_by(per_pass) {
+            let p1 = (p0 + per_pass).min(rows);
+            let tiles = (p1 - p0).div_ceil(TILE);
+            if buf.len() < tiles * tb {
+                buf.resize(tiles * tb, 0);
+            }
+            for (i, tile) in buf[..tiles * tb].chunks_exact_mut(tb).enumerate() {
+                let r0 = p0 + i * TILE;
+                let r1 = (r0 + TILE).min(p1);
+                repack(
+                    ty,
+                    kind,
+                    n,
+                    &w_rows[r0 * row_bytes..r1 * row_bytes],
+                    row_bytes,
+                    tile,
+                );
+            }
+            for g in 0..groups {
+                let t0 = g * GROUP;
+                let count = (tokens - t0).min(GROUP);
+                let acts = prep.group(g);
+                for (i, tile) in buf[..tiles * tb].chunks_exact(tb).enumerate() {
+                    let r0 = p0 + i * TILE;
+                    let nrows = (p1 - r0).min(TILE);
+                    let out = &mut out[t0 * out_stride + r0..];
+                    tile_product(kind, n, count, tile, acts, out, out_stride, nrows);
+                }
+            }
+        }
+    });
+}
+
+/// `out[t * stride + r] = row r of the repacked `tile` · token t of the prepared `acts`
+/// group, for t < `count`, r < `nrows`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn tile_product(
+    kind: Kind,
+    n: usize,
+    count: usize,
+    tile: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+    nrows: usize,
+) {
+    let nrec = records(kind, n);
+    assert!(
+        (1..=GROUP).contains(&count)
+            && (1..=TILE).contains(&nrows)
+            && tile.len() >= nrec * tile_record_bytes(kind, TILE)
+            && acts.len() >= nrec * act_record_bytes(kind)
+            && (count - 1) * stride + nrows <= out.len(),
+        "tile_product geometry"
+    );
+    let mask = ((1u32 << nrows) - 1) as __mmask16;
+    let (t, a, o) = (tile.as_ptr(), acts.as_ptr(), out.as_mut_ptr());
+    macro_rules! by_count {
+        ($f:ident $(, $c:expr)*) => {
+            // SAFETY: the assert above bounds every record the kernel reads (nrec records of
+            // the tile and of the activation group) and every masked store (row < nrows of
+            // token row < count, each inside `out`); the CPU features are those of this fn.
+            unsafe {
+                match count {
+                    1 => $f::<1 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    2 => $f::<2 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    3 => $f::<3 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    4 => $f::<4 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    5 => $f::<5 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    6 => $f::<6 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    7 => $f::<7 $(, $c)*>(t, a, nrec, o, stride, mask),
+                    _ => $f::<8 $(, $c)*>(t, a, nrec, o, stride, mask),
+                }
+            }
+        };
+    }
+    match kind {
+        Kind::Legacy { min: false } => by_count!(legacy_kernel, false),
+        Kind::Legacy { min: true } => by_count!(legacy_kernel, true),
+        Kind::K {
+            block: 32,
+            min: true,
+        } => by_count!(k_kernel, 8, true),
+        Kind::K {
+            block: 32,
+            min: false,
+        } => by_count!(k_kernel, 8, false),
+        Kind::K {
+            block: 16,
+            min: true,
+        } => by_count!(k_kernel, 4, true),
+        Kind::K {
+            block: 16,
+            min: false,
+        } => by_count!(k_kernel, 4, false),
+        Kind::K { .. } => unreachable!("k-quant sub-blocks are 16 or 32 values"),
+        Kind::Float => by_count!(float_kernel),
+    }
+}
+
+/// Legacy kinds: `T` tokens × 16 rows over `nrec` 32-value blocks; see the module docs.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `tile` and `acts` point to `nrec` records each (layouts of
+/// `tile_record_bytes` / `act_record_bytes`), and `out + t * stride` has 16 writable lanes for
+/// every lane set in `mask`, t < `T`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_kernel<const T: usize, const MIN: bool>(
+    tile: *const u8,
+    acts: *const u8,
+    nrec: usize,
+    out: *mut f32,
+    stride: usize,
+    mask: __mmask16,
+) {
+    let wrec = tile_record_bytes(Kind::Legacy { min: MIN }, TILE);
+    let arec = act_record_bytes(Kind::Legacy { min: MIN });
+    let mut f = [_mm512_setzero_ps(); T];
+    for b in 0..nrec {
+        // SAFETY: record b of the tile spans [b·wrec, (b+1)·wrec) and of the
+        // activations [b·arec, (b+1)·arec); every load below stays inside them (caller's
+        // contract), and unaligned loads / broadcasts have no alignment requirement.
+        unsafe {
+            let wp = tile.add(b * wrec);
+            let ap = acts.add(b * arec);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for (g, w) in w.iter_mut().enumerate() {
+                *w = _mm512_loadu_si512(wp.add(64 * g).cast());
+            }
+            let wd = _mm512_loadu_ps(wp.add(512).cast());
+            for (t, f) in f.iter_mut().enumerate() {
+                let acc = dot_biased(&w, ap.add(32 * t), ap.add(288 + 4 * t));
+                let dy = _mm512_set1_ps(ap.add(256 + 4 * t).cast::<f32>().read_unaligned());
+                let mut p = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wd, dy));
+                if MIN {
+                    let wm = _mm512_loadu_ps(wp.add(576).cast());
+                    let ms = ap.add(320 + 4 * t).cast::<f32>().read_unaligned();
+                    p = _mm512_add_ps(p, _mm512_mul_ps(wm, _mm512_set1_ps(ms)));
+                }
+                *f = _mm512_add_ps(*f, p);
+            }
+        }
+    }
+    for (t, &f) in f.iter().enumerate() {
+        // SAFETY: lanes set in `mask` of token row t are writable (caller's contract).
+        unsafe { _mm512_mask_storeu_ps(out.add(t * stride), mask, f) };
+    }
+}
+
+/// The exact integer dots of 16 rows' biased codes `w` (`G` groups of 4) with one token's
+/// codes at `qs`, starting from the token's `−128·Σy` at `noff`.
+///
+/// # Safety
+/// AVX-512 VNNI; `qs` has `4 G` readable bytes, `noff` 4.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dot_biased<const G: usize>(w: &[__m512i; G], qs: *const u8, noff: *const u8) -> __m512i {
+    // SAFETY: the reads stay in the ranges of the contract; no alignment is required.
+    unsafe {
+        let mut acc = _mm512_set1_epi32(noff.cast::<i32>().read_unaligned());
+        for (g, &w) in w.iter().enumerate() {
+            let y = qs.add(4 * g).cast::<i32>().read_unaligned();
+            acc = _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(y));
+        }
+        acc
+    }
+}
+
+/// K kinds: `T` tokens × 16 rows over `nrec` superblocks of sub-blocks of `4 G4` values.
+///
+/// # Safety
+/// As [`legacy_kernel`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn k_kernel<const T: usize, const G4: usize, const MIN: bool>(
+    tile: *const u8,
+    acts: *const u8,
+    nrec: usize,
+    out: *mut f32,
+    stride: usize,
+    mask: __mmask16,
+) {
+    let block = 4 * G4;
+    let kind = Kind::K { block, min: MIN };
+    let subs = super::subs(block);
+    let wrec = tile_record_bytes(kind, TILE);
+    let arec = act_record_bytes(kind);
+    let whead = super::k_tile_head_bytes(block, MIN, TILE);
+    let wsub = super::k_tile_sub_bytes(block, TILE);
+    let ahead = GROUP * 4 + GROUP * 2 * subs;
+    let asub = super::k_act_sub_bytes(block);
+    let mut f = [_mm512_setzero_ps(); T];
+    for s in 0..nrec {
+        // SAFETY: superblock record s spans [s·wrec, (s+1)·wrec) of the tile
+        // and [s·arec, (s+1)·arec) of the activations; all offsets below are inside them by the
+        // layouts of `tile_record_bytes` / `act_record_bytes` (caller's contract).
+        unsafe {
+            let wp = tile.add(s * wrec);
+            let ap = acts.add(s * arec);
+            let mut isum = [_mm512_setzero_si512(); T];
+            for j in 0..subs {
+                let ws = wp.add(whead + j * wsub);
+                let a = ap.add(ahead + j * asub);
+                let mut w = [_mm512_setzero_si512(); G4];
+                for (g, w) in w.iter_mut().enumerate() {
+                    *w = _mm512_loadu_si512(ws.add(64 * g).cast());
+                }
+                let sc = _mm512_loadu_si512(ws.add(64 * G4).cast());
+                for (t, isum) in isum.iter_mut().enumerate() {
+                    let acc = dot_biased(&w, a.add(block * t), a.add(GROUP * block + 4 * t));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc, sc));
+                }
+            }
+            let d = _mm512_loadu_ps(wp.cast());
+            for (t, f) in f.iter_mut().enumerate() {
+                let dy = _mm512_set1_ps(ap.add(4 * t).cast::<f32>().read_unaligned());
+                let mut term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum[t]));
+                if MIN {
+                    let mut summ = _mm512_setzero_si512();
+                    for i in 0..subs / 2 {
+                        let m = _mm512_loadu_si512(wp.add(128 + 64 * i).cast());
+                        let sy = ap
+                            .add(GROUP * 4 + 2 * subs * t + 4 * i)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        summ = _mm512_dpwssd_epi32(summ, m, _mm512_set1_epi32(sy));
+                    }
+                    let dmin = _mm512_loadu_ps(wp.add(64).cast());
+                    let m_term = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ));
+                    term = _mm512_sub_ps(term, m_term);
+                }
+                *f = _mm512_add_ps(*f, term);
+            }
+        }
+    }
+    for (t, &f) in f.iter().enumerate() {
+        // SAFETY: lanes set in `mask` of token row t are writable (caller's contract).
+        unsafe { _mm512_mask_storeu_ps(out.add(t * stride), mask, f) };
+    }
+}
+
+/// Float tile: `T` tokens × 16 rows over `n` columns.
+///
+/// # Safety
+/// As [`legacy_kernel`], with `n` records of 64 (tile) and 32 (activation) bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn float_kernel<const T: usize>(
+    tile: *const u8,
+    acts: *const u8,
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+    mask: __mmask16,
+) {
+    let mut f = [_mm512_setzero_ps(); T];
+    let mut g = [_mm512_setzero_ps(); T];
+    let pairs = n / 2;
+    for k in 0..pairs {
+        // SAFETY: columns 2k, 2k+1 < n are inside both buffers (caller's contract).
+        unsafe {
+            let w0 = _mm512_loadu_ps(tile.add(128 * k).cast());
+            let w1 = _mm512_loadu_ps(tile.add(128 * k + 64).cast());
+            let a = acts.add(64 * k).cast::<f32>();
+            for (t, (f, g)) in f.iter_mut().zip(g.iter_mut()).enumerate() {
+                *f = _mm512_fmadd_ps(w0, _mm512_set1_ps(a.add(t).read_unaligned()), *f);
+                *g = _mm512_fmadd_ps(w1, _mm512_set1_ps(a.add(8 + t).read_unaligned()), *g);
+            }
+        }
+    }
+    if n % 2 == 1 {
+        let k = n - 1;
+        // SAFETY: column k < n is inside both buffers.
+        unsafe {
+            let w0 = _mm512_loadu_ps(tile.add(64 * k).cast());
+            let a = acts.add(32 * k).cast::<f32>();
+            for (t, f) in f.iter_mut().enumerate() {
+                *f = _mm512_fmadd_ps(w0, _mm512_set1_ps(a.add(t).read_unaligned()), *f);
+            }
+        }
+    }
+    for (t, (&f, &g)) in f.iter().zip(&g).enumerate() {
+        // SAFETY: lanes set in `mask` of token row t are writable (caller's contract).
+        unsafe { _mm512_mask_storeu_ps(out.add(t * stride), mask, _mm512_add_ps(f, g)) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Repacking with gathers.
+
+/// Repack `w` (≤ 16 whole rows) into `dst` (one tile): SIMD for the common types, the scalar
+/// reference for the rest.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn repack(
+    ty: GgmlType,
+    kind: Kind,
+    n: usize,
+    w: &[u8],
+    row_bytes: usize,
+    dst: &mut [u8],
+) {
+    let rows = w.len() / row_bytes;
+    assert!(
+        rows <= TILE
+            && w.len() == rows * row_bytes
+            && row_bytes * TILE < i32::MAX as usize
+            && dst.len() >= tile_bytes(kind, n, TILE)
+            && row_bytes == crate::check_row(ty, n).unwrap_or(usize::MAX),
+        "repack geometry"
+    );
+    let g = Gatherer::new(w.as_ptr(), row_bytes, rows);
+    // SAFETY: every gather below reads 4 bytes at an offset < row_bytes - 3 within a row's
+    // block of the type's layout (listed per type), for rows < `rows` only; the asserts above
+    // guarantee those rows exist in `w`, and every store stays inside `dst`'s tile.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => repack_q8_0(&g, n / 32, dst),
+            GgmlType::Q4_0 => repack_q4_0(&g, n / 32, dst),
+            GgmlType::Q5_0 => repack_q5_0(&g, n / 32, dst),
+            GgmlType::Q4K => repack_q4k(&g, n / 256, dst),
+            GgmlType::Q6K => repack_q6k(&g, n / 256, dst),
+            _ => super::repack_scalar(ty, kind, n, w, row_bytes, TILE, 0x80, dst),
+        }
+    }
+}
+
+/// 32-bit gathers of the same offset from each of up to 16 rows.
+struct Gatherer {
+    base: *const u8,
+    index: __m512i,
+    mask: __mmask16,
+}
+
+impl Gatherer {
+    #[target_feature(enable = "avx512f")]
+    fn new(base: *const u8, row_bytes: usize, rows: usize) -> Gatherer {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        Gatherer {
+            base,
+            index: _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32)),
+            mask: ((1u32 << rows) - 1) as __mmask16,
+        }
+    }
+
+    /// The 4 bytes at `off` of every row (lane r = row r; 0 for rows past the end).
+    ///
+    /// # Safety
+    /// `off + 4 <= row_bytes` and the rows exist.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn at(&self, off: usize) -> __m512i {
+        // SAFETY: lanes r < rows read base + r·row_bytes + off .. + 4, inside row r (caller);
+        // masked-off lanes read nothing.
+        unsafe {
+            _mm512_mask_i32gather_epi32::<1>(
+                _mm512_setzero_si512(),
+                self.mask,
+                self.index,
+                self.base.add(off).cast(),
+            )
+        }
+    }
+
+    /// `v` in the tile's rows, 0 in padding lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn pad0(&self, v: __m512i) -> __m512i {
+        _mm512_maskz_mov_epi32(self.mask, v)
+    }
+
+    /// `v` in the tile's rows, the biased code 0 in padding lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn pad(&self, v: __m512i) -> __m512i {
+        _mm512_mask_blend_epi32(self.mask, _mm512_set1_epi32(0x8080_8080u32 as i32), v)
+    }
+}
+
+/// f16 values in the low 16 bits of each lane, as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn f16_lo(v: __m512i) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store(dst: *mut u8, v: __m512i) {
+    // SAFETY: the caller passes 64 writable bytes.
+    unsafe { _mm512_storeu_si512(dst.cast(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_ps(dst: *mut u8, v: __m512) {
+    // SAFETY: the caller passes 64 writable bytes.
+    unsafe { _mm512_storeu_ps(dst.cast(), v) }
+}
+
+/// Byte j of each lane: bit 4 set iff bit j of `(lane >> shift)` is set, for j < 4.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn spread_bits4(v: __m512i, shift: u32) -> __m512i {
+    let t = _mm512_and_si512(
+        _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift as i32)),
+        _mm512_set1_epi32(0xF),
+    );
+    // Copies of the 4 bits at bit offsets 0, 7, 14, 21 put bit j at bit 8j (no overlaps).
+    let s = _mm512_and_si512(
+        _mm512_mullo_epi32(t, _mm512_set1_epi32(0x0020_4081)),
+        _mm512_set1_epi32(0x0101_0101),
+    );
+    _mm512_slli_epi32::<4>(s)
+}
+
+/// Safety (all `repack_*`): `g` gathers from whole rows of the type's blocks (nb legacy
+/// blocks / superblocks each) and `dst` holds one tile of the kind's records.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn repack_q8_0(g: &Gatherer, nb: usize, dst: &mut [u8]) {
+    let rec = TILE * (32 + 4);
+    assert!(dst.len() >= nb * rec);
+    let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
+    for b in 0..nb {
+        let r = dst[b * rec..].as_mut_ptr();
+        // SAFETY: block b spans bytes 34b..34b+34 of each row: d at +0..4, qs at +2..34.
+        unsafe {
+            let d = f16_lo(g.at(34 * b));
+            for k in 0..8 {
+                let q = _mm512_xor_si512(g.at(34 * b + 2 + 4 * k), flip);
+                store(r.add(64 * k), g.pad(q));
+            }
+            store_ps(r.add(512), d);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn repack_q4_0(g: &Gatherer, nb: usize, dst: &mut [u8]) {
+    let rec = TILE * (32 + 4);
+    assert!(dst.len() >= nb * rec);
+    let m4 = _mm512_set1_epi8(0x0F);
+    // nibble − 8 + 128.
+    let bias = _mm512_set1_epi8(120);
+    for b in 0..nb {
+        let r = dst[b * rec..].as_mut_ptr();
+        // SAFETY: block b spans 18b..18b+18: d at +0..4, qs at +2..18.
+        unsafe {
+            let d = f16_lo(g.at(18 * b));
+            for k in 0..4 {
+                let q = g.at(18 * b + 2 + 4 * k);
+                let lo = _mm512_add_epi8(_mm512_and_si512(q, m4), bias);
+                let hi = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi32::<4>(q), m4), bias);
+                store(r.add(64 * k), g.pad(lo));
+                store(r.add(64 * (k + 4)), g.pad(hi));
+            }
+            store_ps(r.add(512), d);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn repack_q5_0(g: &Gatherer, nb: usize, dst: &mut [u8]) {
+    let rec = TILE * (32 + 4);
+    assert!(dst.len() >= nb * rec);
+    let m4 = _mm512_set1_epi8(0x0F);
+    // q5 − 16 + 128.
+    let bias = _mm512_set1_epi8(112);
+    for b in 0..nb {
+        let r = dst[b * rec..].as_mut_ptr();
+        // SAFETY: block b spans 22b..22b+22: d at +0..4, qh at +2..6, qs at +6..22.
+        unsafe {
+            let d = f16_lo(g.at(22 * b));
+            let qh = g.at(22 * b + 2);
+            for k in 0..4 {
+                let q = g.at(22 * b + 6 + 4 * k);
+                let lo = _mm512_or_si512(_mm512_and_si512(q, m4), spread_bits4(qh, 4 * k as u32));
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4),
+                    spread_bits4(qh, 16 + 4 * k as u32),
+                );
+                store(r.add(64 * k), g.pad(_mm512_add_epi8(lo, bias)));
+                store(r.add(64 * (k + 4)), g.pad(_mm512_add_epi8(hi, bias)));
+            }
+            store_ps(r.add(512), d);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn repack_q4k(g: &Gatherer, nsb: usize, dst: &mut [u8]) {
+    let kind = Kind::K {
+        block: 32,
+        min: true,
+    };
+    let rec = tile_record_bytes(kind, TILE);
+    let head = super::k_tile_head_bytes(32, true, TILE);
+    let sub = super::k_tile_sub_bytes(32, TILE);
+    assert!(dst.len() >= nsb * rec);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
+    let m4w = _mm512_set1_epi32(0x0f0f_0f0f);
+    let m30 = _mm512_set1_epi32(0x3030_3030);
+    let byte0 = _mm512_set1_epi32(0xFF);
+    let byte2 = _mm512_set1_epi32(0xFF_0000);
+    for s in 0..nsb {
+        let base = 144 * s;
+        let r = dst[s * rec..].as_mut_ptr();
+        // SAFETY: superblock s spans 144s..144s+144 of each row: d/dmin at +0..4, scales at
+        // +4..16, qs at +16..144; all stores are inside record s of `dst`.
+        unsafe {
+            let dd = g.at(base);
+            store_ps(r, f16_lo(dd));
+            store_ps(r.add(64), f16_lo(_mm512_srli_epi32::<16>(dd)));
+            let (a0, a1, a2) = (g.at(base + 4), g.at(base + 8), g.at(base + 12));
+            let sc_lo = _mm512_and_si512(a0, m6);
+            let m_lo = _mm512_and_si512(a1, m6);
+            let sc_hi = _mm512_or_si512(
+                _mm512_and_si512(a2, m4w),
+                _mm512_and_si512(_mm512_srli_epi32::<2>(a0), m30),
+            );
+            let m_hi = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32::<4>(a2), m4w),
+                _mm512_and_si512(_mm512_srli_epi32::<2>(a1), m30),
+            );
+            // Min pairs (m_{2i}, m_{2i+1}) as i16 pairs: bytes (0, 1) and (2, 3) of each word.
+            for (i, m) in [m_lo, m_hi].into_iter().enumerate() {
+                let p01 = _mm512_or_si512(
+                    _mm512_and_si512(m, byte0),
+                    _mm512_and_si512(_mm512_slli_epi32::<8>(m), byte2),
+                );
+                let p23 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32::<16>(m), byte0),
+                    _mm512_and_si512(_mm512_srli_epi32::<8>(m), byte2),
+                );
+                store(r.add(128 + 128 * i), g.pad0(p01));
+                store(r.add(192 + 128 * i), g.pad0(p23));
+            }
+            for j in 0..8u32 {
+                let sc = if j < 4 { sc_lo } else { sc_hi };
+                let v = _mm512_and_si512(
+                    _mm512_srl_epi32(sc, _mm_cvtsi32_si128(8 * (j % 4) as i32)),
+                    byte0,
+                );
+                store(r.add(head + j as usize * sub + 512), g.pad0(v));
+            }
+            for p in 0..4 {
+                let (lo_rec, hi_rec) = (r.add(head + 2 * p * sub), r.add(head + (2 * p + 1) * sub));
+                for k in 0..8 {
+                    let q = g.at(base + 16 + 32 * p + 4 * k);
+                    let lo = _mm512_or_si512(_mm512_and_si512(q, m4), flip);
+                    let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(q), m4), flip);
+                    store(lo_rec.add(64 * k), g.pad(lo));
+                    store(hi_rec.add(64 * k), g.pad(hi));
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn repack_q6k(g: &Gatherer, nsb: usize, dst: &mut [u8]) {
+    let kind = Kind::K {
+        block: 16,
+        min: false,
+    };
+    let rec = tile_record_bytes(kind, TILE);
+    let head = super::k_tile_head_bytes(16, false, TILE);
+    let sub = super::k_tile_sub_bytes(16, TILE);
+    assert!(dst.len() >= nsb * rec);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(0x03);
+    // q6 − 32 + 128.
+    let bias = _mm512_set1_epi8(96);
+    for s in 0..nsb {
+        let base = 210 * s;
+        let r = dst[s * rec..].as_mut_ptr();
+        // SAFETY: superblock s spans 210s..210s+210 of each row: ql at +0..128, qh at
+        // +128..192, scales at +192..208, d at +208..210 (read as the high half of +206..210);
+        // all stores are inside record s of `dst`.
+        unsafe {
+            store_ps(r, f16_lo(_mm512_srli_epi32::<16>(g.at(base + 206))));
+            store_ps(r.add(64), _mm512_setzero_ps());
+            for c in 0..4 {
+                let sc = g.at(base + 192 + 4 * c);
+                for j in 0..4 {
+                    let v = _mm512_sll_epi32(sc, _mm_cvtsi32_si128(24 - 8 * j));
+                    let i = 4 * c + j as usize;
+                    store(
+                        r.add(head + i * sub + 256),
+                        g.pad0(_mm512_srai_epi32::<24>(v)),
+                    );
+                }
+            }
+            for h in 0..2 {
+                let mut ql = [_mm512_setzero_si512(); 16];
+                for (m, v) in ql.iter_mut().enumerate() {
+                    *v = g.at(base + 64 * h + 4 * m);
+                }
+                let mut qh = [_mm512_setzero_si512(); 8];
+                for (m, v) in qh.iter_mut().enumerate() {
+                    *v = g.at(base + 128 + 32 * h + 4 * m);
+                }
+                for k in 0..4usize {
+                    for lhalf in 0..2usize {
+                        let i = 8 * h + 2 * k + lhalf;
+                        for gg in 0..4usize {
+                            let l = ql[(k % 2) * 8 + 4 * lhalf + gg];
+                            let lo = if k < 2 { l } else { _mm512_srli_epi32::<4>(l) };
+                            let hb = _mm512_srl_epi32(
+                                qh[4 * lhalf + gg],
+                                _mm_cvtsi32_si128(2 * k as i32),
+                            );
+                            let code = _mm512_or_si512(
+                                _mm512_and_si512(lo, m4),
+                                _mm512_slli_epi32::<4>(_mm512_and_si512(hb, m3)),
+                            );
+                            store(
+                                r.add(head + i * sub + 64 * gg),
+                                g.pad(_mm512_add_epi8(code, bias)),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

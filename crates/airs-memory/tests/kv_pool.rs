@@ -1,0 +1,304 @@
+//! The KV block pool under random interleavings of sequence operations — new sequences with
+//! prefix lookup, appends, forks, frees and reclaims — checked against a model after every step:
+//! refcounts never underflow (the pool panics if they would), no block is both free and
+//! referenced, every byte and every stored position is accounted for, the budget holds, and every
+//! sequence reads back exactly the rows it (or the sequence it shares them with) wrote.
+//!
+//! Rows are 8 bytes: the value stored for position `p` is a hash of the token ids `0..=p`, so a
+//! row found through the prefix index must equal the row the sequence would have computed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use airs_memory::{BlockTable, KvPool, KvPoolConfig, PinPolicy};
+use proptest::prelude::*;
+
+const ROW: usize = 8;
+
+fn row_value(tokens: &[u32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &t in tokens {
+        h = (h ^ u64::from(t)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h & !(1 << 63)
+}
+
+struct Seq {
+    table: BlockTable,
+    /// Expected value of every committed position.
+    rows: Vec<u64>,
+    /// Positions were appended without declaring their tokens: rows are unique values.
+    undeclared: bool,
+}
+
+fn salt(s: u8) -> Option<&'static [u8]> {
+    match s {
+        0 => None,
+        1 => Some(b"tenant-a"),
+        _ => Some(b"tenant-b"),
+    }
+}
+
+/// Write rows `from..to` of `seq` (already reserved) and commit them.
+fn write_rows(seq: &mut Seq, from: usize, to: usize, unique: &mut u64) {
+    let tpb = seq.table.pool().tokens_per_block();
+    for p in from..to {
+        let value = if seq.undeclared {
+            *unique += 1;
+            (1 << 63) | *unique
+        } else {
+            row_value(&seq.table.tokens()[..=p])
+        };
+        let at = (p % tpb) * ROW;
+        seq.table.block_mut(p / tpb)[at..at + ROW].copy_from_slice(&value.to_le_bytes());
+        seq.rows.push(value);
+    }
+    seq.table.commit(to);
+}
+
+fn read_row(table: &BlockTable, p: usize) -> u64 {
+    let tpb = table.pool().tokens_per_block();
+    let at = (p % tpb) * ROW;
+    u64::from_le_bytes(table.block(p / tpb)[at..at + ROW].try_into().unwrap())
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    New {
+        salt: u8,
+        prompt: Vec<u32>,
+    },
+    Append {
+        seq: usize,
+        tokens: Vec<u32>,
+        declare: bool,
+    },
+    Fork {
+        seq: usize,
+    },
+    Free {
+        seq: usize,
+    },
+    Reclaim {
+        blocks: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // A 3-token alphabet makes shared prefixes (and partial-block matches) common.
+    let tokens = |max| prop::collection::vec(0u32..3, 0..max);
+    prop_oneof![
+        3 => (0u8..3, tokens(24)).prop_map(|(salt, prompt)| Op::New { salt, prompt }),
+        4 => (0usize..8, tokens(10), prop::bool::weighted(0.9))
+            .prop_map(|(seq, tokens, declare)| Op::Append { seq, tokens, declare }),
+        2 => (0usize..8).prop_map(|seq| Op::Fork { seq }),
+        2 => (0usize..8).prop_map(|seq| Op::Free { seq }),
+        1 => (0usize..4).prop_map(|blocks| Op::Reclaim { blocks }),
+    ]
+}
+
+fn check(pool: &Arc<KvPool>, seqs: &[Seq]) -> Result<(), TestCaseError> {
+    let stats = pool.audit().map_err(TestCaseError::fail)?;
+    let tpb = pool.tokens_per_block();
+    // Every sequence reads back its rows.
+    for (i, s) in seqs.iter().enumerate() {
+        prop_assert_eq!(s.table.len(), s.rows.len());
+        for (p, &want) in s.rows.iter().enumerate() {
+            prop_assert_eq!(read_row(&s.table, p), want, "sequence {} position {}", i, p);
+        }
+    }
+    // References and stored positions, from the sequences' side.
+    let mut refs: HashMap<u32, u32> = HashMap::new();
+    let mut stored: HashMap<u32, usize> = HashMap::new();
+    for s in seqs {
+        for (i, b) in s.table.blocks().iter().enumerate() {
+            *refs.entry(b.0).or_default() += 1;
+            let rows = s.table.len().saturating_sub(i * tpb).min(tpb);
+            let prev = stored.insert(b.0, rows);
+            prop_assert!(
+                prev.is_none() || prev == Some(rows),
+                "holders disagree on block {}",
+                b.0
+            );
+        }
+    }
+    prop_assert_eq!(stats.blocks_used as usize, refs.len());
+    prop_assert_eq!(
+        stats.block_refs,
+        refs.values().map(|&r| u64::from(r)).sum::<u64>()
+    );
+    prop_assert_eq!(stats.tokens_stored as usize, stored.values().sum::<usize>());
+    let shared = refs.values().filter(|&&r| r > 1).count();
+    prop_assert_eq!(stats.shared_blocks as usize, shared);
+    // Every byte: used + cached + free = the pool, within the budget; waste is exact.
+    let block = stats.block_bytes;
+    prop_assert_eq!(
+        stats.used_bytes + stats.cached_bytes + stats.blocks_free as usize * block,
+        stats.blocks_total as usize * block
+    );
+    prop_assert!(stats.blocks_total as usize * block <= stats.pool_bytes);
+    prop_assert_eq!(
+        stats.waste_bytes,
+        stats.used_bytes - stats.tokens_stored as usize * stats.bytes_per_token
+    );
+    prop_assert!(stats.waste_bytes < seqs.len().max(1) * block || seqs.is_empty());
+    Ok(())
+}
+
+fn run(ops: Vec<Op>, tokens_per_block: u32, blocks: usize) -> Result<(), TestCaseError> {
+    let pool = KvPool::new(KvPoolConfig {
+        pool_bytes: blocks * tokens_per_block as usize * ROW + ROW - 1,
+        bytes_per_token: ROW,
+        tokens_per_block,
+        pin: PinPolicy::None,
+    })
+    .unwrap();
+    let mut seqs: Vec<Seq> = Vec::new();
+    let mut unique = 0u64;
+    for op in ops {
+        match op {
+            Op::New { salt: s, prompt } => {
+                let (table, cached) = pool.new_table_with_prefix(salt(s), &prompt);
+                prop_assert!(cached < prompt.len().max(1));
+                let mut seq = Seq {
+                    rows: (0..cached).map(|p| row_value(&prompt[..=p])).collect(),
+                    table,
+                    undeclared: false,
+                };
+                // Compute the rest of the prompt, if the pool lets us.
+                let before = seq.table.blocks().to_vec();
+                match seq.table.reserve(prompt.len()) {
+                    Ok(()) => write_rows(&mut seq, cached, prompt.len(), &mut unique),
+                    Err(e) => {
+                        prop_assert!(e.needed_blocks > e.available_blocks);
+                        prop_assert_eq!(seq.table.blocks(), &before[..]);
+                    }
+                }
+                seqs.push(seq);
+            }
+            Op::Append {
+                seq,
+                tokens,
+                declare,
+            } => {
+                let Some(n) = seqs.len().checked_sub(1).map(|last| seq.min(last)) else {
+                    continue;
+                };
+                let s = &mut seqs[n];
+                let len = s.table.len();
+                // Positions whose tokens were declared (a prompt not computed yet) come first.
+                let declared_ahead = s.table.tokens().len().saturating_sub(len);
+                let count = tokens.len().max(declared_ahead.min(1));
+                if !declare && declared_ahead == 0 {
+                    s.undeclared = true;
+                }
+                if !s.undeclared && count > declared_ahead {
+                    s.table.extend_tokens(&tokens[declared_ahead..count]);
+                }
+                let before = s.table.blocks().to_vec();
+                match s.table.reserve(len + count) {
+                    Ok(()) => write_rows(s, len, len + count, &mut unique),
+                    Err(e) => {
+                        let stats = pool.stats();
+                        prop_assert_eq!(
+                            e.available_blocks,
+                            stats.blocks_free + stats.blocks_cached
+                        );
+                        prop_assert_eq!(s.table.blocks(), &before[..]);
+                    }
+                }
+            }
+            Op::Fork { seq } => {
+                if let Some(last) = seqs.len().checked_sub(1) {
+                    let parent = &mut seqs[seq.min(last)];
+                    let table = parent.table.fork();
+                    let child = Seq {
+                        rows: parent.rows.clone(),
+                        table,
+                        undeclared: parent.undeclared,
+                    };
+                    seqs.push(child);
+                }
+            }
+            Op::Free { seq } => {
+                if let Some(last) = seqs.len().checked_sub(1) {
+                    seqs.remove(seq.min(last));
+                }
+            }
+            Op::Reclaim { blocks } => {
+                let cached = pool.stats().blocks_cached as usize;
+                prop_assert_eq!(pool.reclaim_cached(blocks), blocks.min(cached));
+            }
+        }
+        check(&pool, &seqs)?;
+    }
+    drop(seqs);
+    let stats = pool.audit().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(stats.blocks_used, 0);
+    prop_assert_eq!(stats.blocks_free + stats.blocks_cached, stats.blocks_total);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn random_interleavings_keep_every_invariant(
+        ops in prop::collection::vec(op(), 1..60),
+        tokens_per_block in prop::sample::select(vec![1u32, 2, 4]),
+        blocks in 6usize..24,
+    ) {
+        run(ops, tokens_per_block, blocks)?;
+    }
+}
+
+#[test]
+fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
+    let pool = KvPool::new(KvPoolConfig {
+        pool_bytes: 8 * 4 * ROW,
+        bytes_per_token: ROW,
+        tokens_per_block: 4,
+        pin: PinPolicy::None,
+    })
+    .unwrap();
+    let mut unique = 0;
+    let mut a = Seq {
+        table: pool.new_table(None),
+        rows: Vec::new(),
+        undeclared: false,
+    };
+    a.table.extend_tokens(&[1, 2, 3, 4, 5, 6]);
+    a.table.reserve(6).unwrap();
+    write_rows(&mut a, 0, 6, &mut unique);
+    let mut b = Seq {
+        table: a.table.fork(),
+        rows: a.rows.clone(),
+        undeclared: false,
+    };
+    for s in [&mut a, &mut b] {
+        let len = s.table.len();
+        s.table.extend_tokens(&[9]);
+        s.table.reserve(len + 1).unwrap();
+        write_rows(s, len, len + 1, &mut unique);
+    }
+    let stats = pool.audit().unwrap();
+    assert_eq!(stats.counters.cow_copies, 1);
+    assert_eq!(stats.shared_refcounts, vec![(2, 1)]); // the first, full block
+    assert_eq!(stats.indexed_blocks, 1);
+    check(&pool, &[a, b]).unwrap();
+}
+
+#[test]
+fn pinning_is_done_or_reported() {
+    for pin in [PinPolicy::Populate, PinPolicy::OnFault] {
+        let pool = KvPool::new(KvPoolConfig {
+            pool_bytes: 64 << 20,
+            bytes_per_token: 4096,
+            tokens_per_block: 16,
+            pin,
+        })
+        .unwrap();
+        assert!(pool.pinned() || !pool.notices().is_empty(), "{pin:?}");
+        assert_eq!(pool.blocks_total(), 1024);
+    }
+}
