@@ -103,6 +103,7 @@ impl Model {
         let mut gate = vec![0.0f32; n_tokens * cfg.ff_len];
         let mut up = vec![0.0f32; n_tokens * cfg.ff_len];
         let mut acts = QuantizedActs::default();
+        let (mut norm, mut bias) = (Vec::new(), Vec::new());
         let rope = RopeTable::new(cfg.rope_dims, cfg.rope_base, pos0, n_tokens);
 
         let mm = |acts: &mut QuantizedActs, w: &TensorRef, input: &[f32], out: &mut [f32]| {
@@ -113,14 +114,22 @@ impl Model {
 
         for (l, layer) in self.layers.iter().enumerate() {
             self.image().enter_layer(l);
-            rms_norm(&x, &layer.attn_norm, cfg.rms_eps, &mut xn);
+            layer.attn_norm.decode_vector(image, &mut norm);
+            rms_norm(&x, &norm, cfg.rms_eps, &mut xn);
             acts.reset();
             mm(&mut acts, &layer.wq, &xn, &mut q);
             mm(&mut acts, &layer.wk, &xn, &mut k);
             mm(&mut acts, &layer.wv, &xn, &mut v);
-            add_bias(&mut q, layer.bq.as_deref());
-            add_bias(&mut k, layer.bk.as_deref());
-            add_bias(&mut v, layer.bv.as_deref());
+            for (out, b) in [
+                (&mut q, &layer.bq),
+                (&mut k, &layer.bk),
+                (&mut v, &layer.bv),
+            ] {
+                if let Some(b) = b {
+                    b.decode_vector(image, &mut bias);
+                    add_bias(out, &bias);
+                }
+            }
             rope.apply(&mut q, cfg.heads, head_dim, cfg.rope_style);
             rope.apply(&mut k, cfg.kv_heads, head_dim, cfg.rope_style);
             kv.store(l, pos0, &k, &v);
@@ -165,7 +174,8 @@ impl Model {
             mm(&mut acts, &layer.wo, &attn, &mut proj);
             add_into(&mut x, &proj);
 
-            rms_norm(&x, &layer.ffn_norm, cfg.rms_eps, &mut xn);
+            layer.ffn_norm.decode_vector(image, &mut norm);
+            rms_norm(&x, &norm, cfg.rms_eps, &mut xn);
             acts.reset();
             mm(&mut acts, &layer.w_gate, &xn, &mut gate);
             mm(&mut acts, &layer.w_up, &xn, &mut up);
@@ -188,7 +198,8 @@ impl Model {
         let rows = n_tokens - first;
         let x_out = &x[first * n_embd..];
         let mut xo = vec![0.0f32; rows * n_embd];
-        rms_norm(x_out, &self.output_norm, cfg.rms_eps, &mut xo);
+        self.output_norm.decode_vector(image, &mut norm);
+        rms_norm(x_out, &norm, cfg.rms_eps, &mut xo);
         let mut out = vec![0.0f32; rows * cfg.vocab_len];
         let act_type = airs_kernels::act_type(self.output.ty).expect("type checked at model load");
         acts.reset();
@@ -212,11 +223,9 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
-    if let Some(b) = bias {
-        for row in x.chunks_exact_mut(b.len()) {
-            add_into(row, b);
-        }
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_into(row, bias);
     }
 }
 

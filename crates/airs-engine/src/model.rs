@@ -1,7 +1,8 @@
 //! A model ready for inference: its hyperparameters and, for every weight, where its bytes lie
 //! in the model image. Weights are not copied: the forward pass slices them out of
-//! [`ModelImage::bytes`] at each use. Only norm vectors and biases (a few KB per layer) are
-//! decoded into owned `Vec<f32>`s.
+//! [`ModelImage::bytes`] at each use. Norm vectors and biases (a few KB per layer) are decoded
+//! when a forward pass reaches their layer, not when the model is built, so building a model
+//! over a lazily loaded region reads nothing but the header.
 //!
 //! Tensor names and shapes follow llama.cpp's `llama` and `qwen2` graphs: `token_embd`,
 //! `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
@@ -69,6 +70,13 @@ impl TensorRef {
         &image[self.offset..self.offset + self.bytes()]
     }
 
+    /// Decode a one-row tensor (a norm vector or bias) from `image` into `out`.
+    pub fn decode_vector(&self, image: &[u8], out: &mut Vec<f32>) {
+        out.resize(self.cols, 0.0);
+        airs_kernels::dequantize_row(self.ty, self.row(image, 0), out)
+            .expect("vector geometry checked at model load");
+    }
+
     /// Row `row`'s bytes within `image`.
     pub fn row<'a>(&self, image: &'a [u8], row: usize) -> &'a [u8] {
         let start = self.offset + row * self.row_bytes;
@@ -79,15 +87,15 @@ impl TensorRef {
 /// The weights of one transformer block.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: TensorRef,
     pub wq: TensorRef,
     pub wk: TensorRef,
     pub wv: TensorRef,
     pub wo: TensorRef,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub bq: Option<TensorRef>,
+    pub bk: Option<TensorRef>,
+    pub bv: Option<TensorRef>,
+    pub ffn_norm: TensorRef,
     pub w_gate: TensorRef,
     pub w_up: TensorRef,
     pub w_down: TensorRef,
@@ -98,7 +106,7 @@ pub struct Model {
     image: Arc<dyn ModelImage>,
     pub config: ModelConfig,
     pub token_embd: TensorRef,
-    pub output_norm: Vec<f32>,
+    pub output_norm: TensorRef,
     /// The output projection (`token_embd` itself when tied).
     pub output: TensorRef,
     pub layers: Vec<LayerWeights>,
@@ -108,7 +116,6 @@ impl Model {
     /// Build a model over `image`, whose parsed header is `gguf`.
     pub fn new(image: Arc<dyn ModelImage>, gguf: &Gguf<'_>) -> Result<Model, EngineError> {
         let config = ModelConfig::from_gguf(gguf)?;
-        let bytes = image.bytes();
         let n_embd = config.embedding_len;
         let tensor = |name: &str| {
             gguf.tensor(name)
@@ -116,15 +123,8 @@ impl Model {
         };
         let matrix =
             |name: &str, cols: usize, rows: usize| TensorRef::new(tensor(name)?, cols, rows);
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>, EngineError> {
-            let info = tensor(name)?;
-            let r = TensorRef::new(info, len, 1)?;
-            let mut out = vec![0.0f32; len];
-            airs_kernels::dequantize_row(r.ty, r.data(bytes), &mut out)
-                .map_err(|e| EngineError::bad_tensor(name, e.to_string()))?;
-            Ok(out)
-        };
-        let opt_vector = |name: &str, len: usize| -> Result<Option<Vec<f32>>, EngineError> {
+        let vector = |name: &str, len: usize| TensorRef::new(tensor(name)?, len, 1);
+        let opt_vector = |name: &str, len: usize| -> Result<Option<TensorRef>, EngineError> {
             match gguf.tensor(name) {
                 None => Ok(None),
                 Some(_) => vector(name, len).map(Some),
