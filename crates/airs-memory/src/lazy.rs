@@ -18,8 +18,8 @@
 //! so that no reader ever hangs; the region is left unpinned and `wait_resident` returns the error.
 //! Cost: two threads and two chunk buffers during the load; one pread + one UFFDIO_COPY per chunk.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -117,6 +117,7 @@ pub(crate) fn start(
         page_size: sys::page_size(),
         finalize: FinalizeOptions::from_load(o, huge_page_size),
         collapse_early: huge_pages_usable(&FinalizeOptions::from_load(o, huge_page_size)),
+        fault_filled: Mutex::new(Vec::new()),
     });
     let spawn_err =
         |e: std::io::Error| MemoryError::with_io(ErrorKind::Userfaultfd, "spawn loader thread", e);
@@ -166,6 +167,9 @@ struct Worker {
     /// Collapse each huge-page block to a huge page as soon as the background thread completes
     /// it, so that little is left to collapse (copy) when the load finishes.
     collapse_early: bool,
+    /// Chunks the fault handler filled, whose huge-page blocks the background thread collapses
+    /// when no fault is waiting (the handler itself never spends time collapsing).
+    fault_filled: Mutex<Vec<usize>>,
 }
 
 enum Outcome {
@@ -227,6 +231,12 @@ impl Worker {
         let chunk = offset / self.plan.chunk_bytes as usize;
         if self.claimed.try_set(chunk) {
             self.fill_chunk(chunk, buf);
+            if self.collapse_early {
+                self.fault_filled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(chunk);
+            }
         } else if self.shared.filled.get(chunk) {
             // Stale message: the page is there; make sure the faulting thread is awake.
             let page = address & !(self.page_size - 1);
@@ -361,6 +371,11 @@ impl Worker {
             if self.pending_faults.load(Ordering::Acquire) > 0 {
                 std::thread::sleep(Duration::from_micros(50));
                 continue;
+            }
+            let fault_filled =
+                std::mem::take(&mut *self.fault_filled.lock().unwrap_or_else(|e| e.into_inner()));
+            for c in fault_filled {
+                self.collapse_completed_blocks(c);
             }
             if let Some(c) = self.next_prefetch() {
                 if self.claimed.try_set(c) {
