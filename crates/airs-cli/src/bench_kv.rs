@@ -214,7 +214,8 @@ fn run_sessions(
     let mut sessions = Vec::with_capacity(n);
     for i in 0..n {
         let mut prompt = prefix.clone();
-        let start = format!("\nSession {}:", i + 1);
+        // The session number comes first so that suffixes diverge at once.
+        let start = format!("{}. Session", i + 1);
         prompt.extend(text_tokens(loaded, &start, SUFFIX_TEXT, s, false));
         let (mut kv, cached) = PagedKv::new_sequence_with_prefix(&pool, None, &prompt);
         let kv_dyn: &mut dyn KvCache = &mut kv;

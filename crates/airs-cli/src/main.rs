@@ -1,12 +1,15 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
 mod bench;
+mod bench_kv;
 mod bench_load;
+mod bench_sessions;
 mod fit;
 mod gen_model;
 mod inspect;
 mod model_file;
 mod run;
+mod session_cmd;
 mod tokenize;
 
 use std::path::PathBuf;
@@ -58,6 +61,8 @@ enum Command {
     Fit(fit::FitArgs),
     /// Write a synthetic GGUF model (named shape, quantization mix, seeded random weights).
     GenModel(gen_model::GenModelArgs),
+    /// One turn (or a script of turns) of a persisted conversation session.
+    Session(session_cmd::SessionArgs),
     /// Benchmarks (reported as medians; not part of the test suite).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -69,6 +74,10 @@ enum BenchCommand {
     Decode(bench::BenchDecodeArgs),
     /// Time to first token, time to fully resident and decode speed of each model loader.
     Load(bench_load::BenchLoadArgs),
+    /// KV cache memory: sessions sharing a prompt prefix in the paged KV pool.
+    Kv(bench_kv::BenchKvArgs),
+    /// Sessions of mixed priorities overflowing a KV pool: evictions, rebuilds, invariants.
+    Sessions(bench_sessions::BenchSessionsArgs),
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
@@ -101,6 +110,9 @@ fn main() -> ExitCode {
         Command::GenModel(args) => gen_model::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::run_decode(args),
         Command::Bench(BenchCommand::Load(args)) => bench_load::run_load(args),
+        Command::Bench(BenchCommand::Kv(args)) => bench_kv::run(args),
+        Command::Bench(BenchCommand::Sessions(args)) => bench_sessions::run(args),
+        Command::Session(args) => session_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,7 +16,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use airs_engine::{
-    ContiguousKv, GenerateConfig, KvShape, KvType, Model, Runtime, SamplerConfig, generate,
+    GenerateConfig, KvShape, KvType, Model, PagedKv, PagedKvConfig, PagedKvPool, Runtime,
+    SamplerConfig, generate,
 };
 use airs_tokenizer::chat::{ChatMessage, ChatTemplate};
 use airs_tokenizer::{EncodeOptions, Tokenizer};
@@ -241,7 +242,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         prompt_ids.len()
     );
     let capacity = (prompt_ids.len() + args.max_tokens).min(context_len);
-    let mut kv = ContiguousKv::new(loaded.kv_shape(), capacity, args.kv_type);
+    // The paged KV cache: a pool sized for this one sequence, filled block by block on demand.
+    let bytes_per_token = loaded
+        .kv_shape()
+        .bytes_per_token(args.kv_type)
+        .with_context(|| {
+            format!(
+                "a {} KV cache cannot hold this model's heads of {} values",
+                args.kv_type.name(),
+                loaded.model.config.head_dim
+            )
+        })?;
+    let pool_bytes =
+        capacity.next_multiple_of(airs_memory::DEFAULT_TOKENS_PER_BLOCK as usize) * bytes_per_token;
+    let kv_pool = PagedKvPool::new(
+        loaded.kv_shape(),
+        args.kv_type,
+        &PagedKvConfig::new(pool_bytes),
+    )?;
+    let mut kv = PagedKv::new_sequence(&kv_pool, None).with_max_len(capacity);
     let rt = Runtime::new(args.threads.unwrap_or_else(default_threads));
     let config = GenerateConfig {
         max_tokens: args.max_tokens,
@@ -327,6 +346,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "memory": {
                 "weights_bytes": loaded.model.weight_bytes(),
                 "kv_bytes": airs_engine::KvCache::allocated_bytes(&kv),
+                "kv_pool": kv_pool_json(&kv_pool.stats()),
                 "peak_rss_bytes": peak_rss_bytes(),
             },
         });
@@ -344,4 +364,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The paged KV pool's accounting, for `--json`.
+pub fn kv_pool_json(s: &airs_memory::KvPoolStats) -> serde_json::Value {
+    json!({
+        "pool_bytes": s.pool_bytes,
+        "block_bytes": s.block_bytes,
+        "bytes_per_token": s.bytes_per_token,
+        "tokens_per_block": s.tokens_per_block,
+        "blocks_total": s.blocks_total,
+        "blocks_used": s.blocks_used,
+        "blocks_free": s.blocks_free,
+        "blocks_cached": s.blocks_cached,
+        "used_bytes": s.used_bytes,
+        "tokens_stored": s.tokens_stored,
+        "waste_bytes": s.waste_bytes,
+        "shared_blocks": s.shared_blocks,
+        "shared_refcounts": s.shared_refcounts,
+        "shared_savings_bytes": s.shared_savings_bytes,
+        "pinned": s.pinned,
+    })
 }

@@ -5,7 +5,7 @@
 //! output projection.
 //!
 //! One call processes a batch of consecutive tokens (prefill) or one token (decode). Each
-//! matrix product quantizes its input activations once ([`QuantizedActs`]) and splits weight
+//! matrix product quantizes its input activations once (`QuantizedActs`) and splits weight
 //! rows across the thread pool; attention is split over (token, head) pairs. Cost per token:
 //! one pass over every weight byte (plus the output projection), and O(context × kv_len)
 //! attention work per layer.

@@ -26,7 +26,10 @@
 //!   about one ulp in the weights. q8_0 needs `head_dim` to be a multiple of 32.
 //!
 //! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
-//! its KV head once and does O(n_ctx × head_dim) work per query head.
+//! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
+//! kernel runs as a 256-bit build of the same code (bit-identical results). Measured on one
+//! core (Zen 4, 2048 positions, Qwen2.5-0.5B's 24 layers × 14 query / 2 KV heads of 64): one
+//! decode step's attention takes about 8 ms for f16 and q8_0 and 6.5-9 ms for f32.
 
 use airs_gguf::GgmlType;
 

@@ -17,7 +17,7 @@ pub use forward::{Logits, Runtime};
 pub use generate::{GenerateConfig, Generation, StopReason, generate};
 pub use image::{MappedFile, ModelImage, OwnedImage, StaticImage};
 pub use kv::{ContiguousKv, KvCache, KvShape, KvType};
-pub use paged::{PagedKv, PagedKvConfig, PagedKvPool};
 pub use model::{LayerWeights, Model, TensorRef};
+pub use paged::{PagedKv, PagedKvConfig, PagedKvPool};
 pub use pool::ThreadPool;
 pub use sampler::{Sampler, SamplerConfig};

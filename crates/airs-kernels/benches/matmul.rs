@@ -27,6 +27,14 @@ const CASES: [(GgmlType, usize, usize); 7] = [
     (GgmlType::F32, 896, 896),
 ];
 
+/// Activation rows per call: 1 and 64, or the list in `AIRS_BENCH_TOKENS` (e.g. `1,2,4,8`).
+fn token_counts() -> Vec<usize> {
+    std::env::var("AIRS_BENCH_TOKENS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 64])
+}
+
 fn floats(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
@@ -76,7 +84,7 @@ fn main() {
         let w: Vec<u8> = (0..rows).flat_map(|r| distinct[r % 16].clone()).collect();
         let act = act_type(ty).unwrap();
         let arb = act.row_bytes(n);
-        for tokens in [1usize, 64] {
+        for tokens in token_counts() {
             let mut a = vec![0u8; tokens * arb];
             for (t, row) in a.chunks_exact_mut(arb).enumerate() {
                 quantize_act(act, &floats(n, 1000 + t as u64), row).unwrap();

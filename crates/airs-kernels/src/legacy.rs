@@ -11,6 +11,10 @@
 //! those in f32, so results track llama.cpp's closely. Q4_1/Q5_1 pair with Q8_1 in ggml; here
 //! they take Q8_0 activations and compute Q8_1's block sum `dy·Σqy` on the fly.
 //!
+//! `matvec` runs the AVX2 path 4 rows at a time (shared activation loads, the same per-row
+//! operations, so bit-identical to the per-row dot); on AVX-512 VNNI and NEON with `sdot`,
+//! `crate::tiled` has the multi-row kernels instead.
+//!
 //! Cost: a dot over `n` values is O(n), reading each weight byte once (Q8_0 8.5, Q5_0 5.5,
 //! Q4_0 4.5 bits per weight) and the activation row (8.5 bits per value, L1-resident in
 //! decode). Dequantization and quantization are O(n) scalar code. Dispatch costs one relaxed
@@ -109,6 +113,13 @@ fn path(isa: Isa) -> Path {
         Isa::Neon if has & HAS_NEON != 0 => Path::Neon,
         _ => Path::Scalar,
     }
+}
+
+/// Whether `isa` runs NEON code with the dot-product extension on this CPU.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+pub(crate) fn has_neon_dotprod(isa: Isa) -> bool {
+    path(isa) == Path::NeonDotprod
 }
 
 /// Whether `isa` runs AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C) code on this CPU.
@@ -244,6 +255,55 @@ quant_dot!(
     dot_q5_1_avx2,
     dot_q5_1
 );
+
+// ---------------------------------------------------------------------------------------------
+// Multi-row decode on the AVX2 path (AVX2, and AVX-512 without VNNI): 4 rows per call sharing
+// the activation loads, bit-identical to the per-row dot of the same path.
+
+/// `out[r] = dot(row r of w_rows, act)` for Q8_0 / Q4_0 / Q5_0 on the AVX2 path; `false`
+/// (nothing written) for other types or paths. Rows are whole rows of `row_bytes` bytes.
+pub(crate) fn matvec(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    w_rows: &[u8],
+    row_bytes: usize,
+    act: &[u8],
+    out: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(path(isa), Path::Avx2 | Path::Avx512) {
+        let nb = n / BLOCK_LEN;
+        let rows = w_rows.len() / row_bytes;
+        let a = blocks::<BlockQ8_0>(act, nb);
+        macro_rules! by_fours {
+            ($block:ty, $dot4:ident, $dot1:ident) => {{
+                let row = |r: usize| blocks::<$block>(&w_rows[r * row_bytes..], nb);
+                let full = rows / 4 * 4;
+                for r0 in (0..full).step_by(4) {
+                    let w = [row(r0), row(r0 + 1), row(r0 + 2), row(r0 + 3)];
+                    // SAFETY: `path` returns Avx2/Avx512 only if AVX2, FMA and F16C were
+                    // detected.
+                    let d = unsafe { x86::$dot4(w, a) };
+                    out[r0..r0 + 4].copy_from_slice(&d);
+                }
+                for r in full..rows {
+                    // SAFETY: as above.
+                    out[r] = unsafe { x86::$dot1(row(r), a) };
+                }
+                return true;
+            }};
+        }
+        match ty {
+            GgmlType::Q8_0 => by_fours!(BlockQ8_0, dot4_q8_0_avx2, dot_q8_0_avx2),
+            GgmlType::Q4_0 => by_fours!(BlockQ4_0, dot4_q4_0_avx2, dot_q4_0_avx2),
+            GgmlType::Q5_0 => by_fours!(BlockQ5_0, dot4_q5_0_avx2, dot_q5_0_avx2),
+            _ => {}
+        }
+    }
+    let _ = (isa, ty, n, w_rows, row_bytes, act, out);
+    false
+}
 
 // ---------------------------------------------------------------------------------------------
 // The kernel table.

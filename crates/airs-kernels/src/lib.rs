@@ -10,10 +10,18 @@
 //! aarch64) are selected by an explicit [`Isa`] argument, detected once by the caller with
 //! [`Isa::detect`], so tests can run the scalar and SIMD paths side by side.
 //!
+//! [`matmul`] runs multi-row kernels where it can (`tiled`): on AVX-512 VNNI and NEON with
+//! `sdot`, every quant type goes through tiled prefill kernels (several activation rows) or
+//! multi-row decode kernels (one row) that are bit-identical to the scalar reference `dot`;
+//! on AVX2 the hot legacy types take 4 rows per call, bit-identical to the per-row AVX2 dot.
+//! [`prepare_acts`] / [`matmul_prepared`] let a caller that splits rows across threads
+//! rearrange the activations once per matrix instead of once per call.
+//!
 //! Cost: a dot product over `n` weights is O(n) and reads `n * bits_per_weight / 8` weight bytes;
 //! [`matmul`] is single-threaded: callers split weight rows across threads.
 
 mod act;
+mod act_simd;
 mod isa;
 mod kquants;
 mod legacy;
@@ -134,7 +142,8 @@ pub fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, KernelError> {
 /// Encode the activation row `x` as `act` into `out` (`out.len() == act.row_bytes(x.len())`).
 ///
 /// Q8_0 activations are rounded as ggml's SIMD quantizer rounds them (see `act`), not as its
-/// reference quantizer [`quantize_row`] does.
+/// reference quantizer [`quantize_row`] does; Q8_K as ggml's reference. Both run as SIMD
+/// where the CPU has it (`act_simd`), bit-identical to the portable code for finite inputs.
 pub fn quantize_act(act: ActType, x: &[f32], out: &mut [u8]) -> Result<(), KernelError> {
     if act == ActType::Q8_0 {
         check_len(
@@ -142,8 +151,20 @@ pub fn quantize_act(act: ActType, x: &[f32], out: &mut [u8]) -> Result<(), Kerne
             check_row(GgmlType::Q8_0, x.len())?,
             out.len(),
         )?;
-        act::quantize_q8_0_like_ggml_simd(x, out);
+        if !act_simd::quantize_q8_0(x, out) {
+            act::quantize_q8_0_like_ggml_simd(x, out);
+        }
         return Ok(());
+    }
+    if act == ActType::Q8K {
+        check_len(
+            "quantize_act dst",
+            check_row(GgmlType::Q8K, x.len())?,
+            out.len(),
+        )?;
+        if act_simd::quantize_q8k(x, out) {
+            return Ok(());
+        }
     }
     quantize_row(act.ggml_type(), x, out)
 }
@@ -233,7 +254,7 @@ pub fn matmul(
     };
     if rows > 0 && tokens > 0 && tiled::available(isa) {
         match tiled::kind(ty) {
-            Some((kind, act)) if tokens >= 2 => {
+            Some((kind, act)) if tiled::worth_tiling(kind, tokens) => {
                 tiled::with_prep_buffer(|prep| {
                     tiled::prepare(kind, act, n, acts, tokens, prep);
                     tiled::run(isa, ty, kind, n, w_rows, w_row_bytes, prep, out, out_stride);
@@ -241,11 +262,20 @@ pub fn matmul(
                 return Ok(());
             }
             Some((kind, act)) if kind != tiled::Kind::Float => {
-                tiled::decode(isa, ty, kind, act, n, w_rows, w_row_bytes, acts, out);
+                // Too few tokens to pay for the repack: the decode kernel, token by token
+                // (bit-identical to the tiled kernel, so results never depend on batching).
+                for t in 0..tokens {
+                    let a = &acts[t * act_row_bytes..(t + 1) * act_row_bytes];
+                    let o = &mut out[t * out_stride..t * out_stride + rows];
+                    tiled::decode(isa, ty, kind, act, n, w_rows, w_row_bytes, a, o);
+                }
                 return Ok(());
             }
             _ => {}
         }
+    }
+    if tokens == 1 && legacy::matvec(isa, ty, n, w_rows, w_row_bytes, acts, out) {
+        return Ok(());
     }
     // Tile of weight rows that fits comfortably in L2 (≈ 256 KiB) while activations stream.
     let tile_rows = (256 * 1024 / w_row_bytes).clamp(1, 64);
@@ -262,9 +292,21 @@ pub fn matmul(
     Ok(())
 }
 
+/// Whether [`matmul`] with `isa` on weights of type `ty` is bit-identical to
+/// `dot(Isa::Scalar, ..)` for every number of activation rows: always for the scalar path, and
+/// for quant types where `isa` has the multi-row kernels on this CPU (AVX-512 VNNI, NEON with
+/// `sdot`). Otherwise [`matmul`] equals the per-row [`dot`] of `isa` for one activation row and
+/// agrees with it to f32 rounding for several.
+pub fn matmul_matches_scalar(isa: Isa, ty: GgmlType) -> bool {
+    isa == Isa::Scalar
+        || (tiled::available(isa)
+            && matches!(tiled::kind(ty), Some((kind, _)) if kind != tiled::Kind::Float))
+}
+
 /// Rearrange `acts` (activation rows of `n` values in `act_type(ty)` encoding) into `prep` for
-/// [`matmul_prepared`], if `isa` has tiled kernels for `ty` on this CPU and there are at least
-/// two rows; returns whether it did (otherwise use [`matmul`]).
+/// [`matmul_prepared`], if `isa` has tiled kernels for `ty` on this CPU and there are enough
+/// rows to pay for them (see [`layout_prepared_acts`]); returns whether it did (otherwise use
+/// [`matmul`]).
 ///
 /// Preparing once per weight matrix and splitting its rows across threads with
 /// [`matmul_prepared`] saves every thread the O(tokens · n) preparation that [`matmul`] does.
@@ -301,7 +343,9 @@ fn act_rows(ty: GgmlType, n: usize, acts: &[u8]) -> Result<usize, KernelError> {
 }
 
 /// Size `prep` for `tokens` activation rows of `n` values for weights of type `ty`, if `isa`
-/// has tiled kernels for `ty` on this CPU and `tokens ≥ 2`; returns whether it did. The
+/// has tiled kernels for `ty` on this CPU and `tokens` is enough to pay for repacking the
+/// weights (2 or more for legacy quants, 3 for k-quants, 32 for floats; below that [`matmul`]
+/// runs its one-row kernels per token); returns whether it did. The
 /// contents are then written group by group ([`PreparedActs::group_bytes`] each, groups of
 /// [`PreparedActs::GROUP`] tokens) with [`prepare_act_groups`] into
 /// [`PreparedActs::bytes_mut`], possibly by several threads on disjoint groups.
@@ -315,7 +359,9 @@ pub fn layout_prepared_acts(
     kernels(ty)?;
     check_row(ty, n)?;
     match tiled::kind(ty) {
-        Some((kind, act)) if tokens >= 2 && n > 0 && tiled::available(isa) => {
+        Some((kind, act))
+            if tiled::worth_tiling(kind, tokens) && n > 0 && tiled::available(isa) =>
+        {
             tiled::layout(kind, act, n, tokens, prep);
             Ok(true)
         }

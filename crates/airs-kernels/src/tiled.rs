@@ -1,39 +1,51 @@
-//! Tiled matrix products for prefill: several weight rows × several tokens per pass, so each
-//! weight block is unpacked once and used for every token.
+//! Multi-row matrix products: tiled prefill kernels (many weight rows × several tokens per
+//! pass, each weight block unpacked once for all tokens) and multi-row decode kernels (16 or 4
+//! rows per pass against one token), for every quant type with a layout here.
 //!
-//! What: `matmul` over `T ≥ 2` activation rows. Weight rows are repacked a tile at a time into
-//! a cache-resident scratch buffer — signed integer codes with one f32 scale (and, for the
-//! affine types, one f32 min) per block of 16 or 32 values, or plain f32 for the float types —
-//! interleaved so that one SIMD register holds 4 consecutive codes of each of the tile's rows.
-//! Activations are rearranged once per matmul ([`PreparedActs`]): for groups of
-//! [`GROUP`] tokens and each block, the tokens' i8 codes side by side plus per-token block
-//! scale, `−128·Σy` and `dy·Σy`. The micro-kernel then broadcasts 4 activation codes of one
-//! token and multiply-accumulates them into all rows of the tile at once (`vpdpbusd` with a
-//! broadcast memory operand on AVX-512 VNNI, `sdot` by element on NEON): no horizontal sums,
-//! one i32 → f32 conversion and FMA per (block, token, tile).
+//! What: [`kind`] writes each weight type as integer codes with per-block scales, replaying its
+//! scalar reference's arithmetic: legacy quants (Q8_0 activations) `sum + sumi·(dx·dy)` per
+//! 32-value block (affine: `+ m·(dy·Σy)`); k-quants (Q8_K activations) integer sub-block scales
+//! and mins applied to exact integer dots, `sum + ((d·dy)·isum − (dmin·dy)·Σ m·Σy)` per 256.
+//! Prefill: weight rows are repacked a tile at a time (16 rows on x86, 8 on NEON) into a
+//! per-thread, cache-resident buffer, interleaved so that one register holds 4 consecutive
+//! codes of each row; activations are rearranged once per matmul ([`PreparedActs`]: per
+//! group of [`GROUP`] tokens and block, the tokens' codes side by side with `dy`, `−128·Σy`,
+//! `dy·Σy` or the k-quant sub-block sums). The micro-kernel broadcasts 4 codes of one token and
+//! multiply-accumulates them into all rows of the tile (`vpdpbusd` with a broadcast memory
+//! operand on AVX-512 VNNI, `sdot` by element on NEON): no horizontal sums, and the float steps
+//! run once per (block, token) for all rows. Decode reads rows in place and folds per-row
+//! partial sums into one register of row dots (see `x86_decode` and `neon`).
+//!
+//! Exactness: integer block dots are exact, and every lane then performs the scalar
+//! reference's float operations in its order (no FMA contraction), so results are
+//! bit-identical to `dot(Isa::Scalar, ..)` — for every number of tokens, chunking of rows and
+//! thread count. Batched prefill and token-by-token decode therefore give identical logits,
+//! which models with large activation outliers (Qwen2.5) need: there, f32 reordering alone
+//! moves logits by ~0.1. Float weights (F32/F16/BF16) accumulate in f32 (the scalar reference
+//! uses f64), so they agree to rounding only.
 //!
 //! Where the design comes from: the interleaved-row ("_R8/_R16") kernels of ik_llama.cpp's
 //! `iqk_mul_mat` and llamafile's `tinyBLAS` (register tiles of rows × tokens, weights unpacked
 //! once per tile), except that airs never changes the weights in the model file: the repack is
 //! per matmul call, into a per-thread buffer, and costs O(weights) against O(weights × tokens)
-//! of arithmetic.
+//! of arithmetic. x86 stores codes biased by +128 (`vpdpbusd` multiplies unsigned by signed
+//! bytes) and removes the bias exactly by starting from the activations' `−128·Σy`.
 //!
-//! Exactness: every weight type is written as `value = scale · code + min` per block, with
-//! `code` an integer (Q8_0: q; Q4_0: q − 8; Q5_0: q − 16; Q4_1/Q5_1: q with min m; Q4_K/Q5_K:
-//! q with scale d·sc_j and min −dmin·m_j; Q6_K: q − 32 with scale d·sc_j on 16-value blocks).
-//! Integer dots are exact; only the f32 rounding order differs from the per-row `dot`, so
-//! results agree with it to f32 rounding (checked in the tests against the scalar reference).
-//! x86 stores codes biased by +128 (`vpdpbusd` multiplies unsigned by signed bytes) and removes
-//! the bias exactly with the activations' `−128·Σy`.
-//!
-//! Cost: repacking reads each weight byte once per call and writes ≈ 1.2 bytes per weight;
-//! preparing activations reads and writes each activation byte once. The micro-kernel does
-//! B/4 `vpdpbusd` + ≈ 4 other vector ops per (block of B values, token, 16 rows).
+//! Cost: repacking reads each weight byte once per call (≈ 10 GB/s per core on x86, ≈ 2 % of a
+//! 512-token prefill; it sets the crossover below which [`worth_tiling`] sends few tokens to
+//! the decode kernels instead) and writes ≈ 1.2 bytes per weight; preparing
+//! activations reads and writes each activation byte once. The x86 micro-kernel does B/4
+//! `vpdpbusd` + ≈ 3 other vector ops per (block of B values, token, 16 rows): ≈ 500 GFLOP/s
+//! per Zen 5 core on Qwen2.5-0.5B shapes, against ≈ 70-170 for the per-row dot. The decode
+//! kernels stream each weight byte once (≈ 30-60 GB/s per core from cache, DRAM-bound in
+//! practice).
 
 use std::cell::RefCell;
 
 use crate::{ActType, GgmlType, QK_K};
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -596,6 +608,56 @@ pub(crate) fn repack_scalar(
     }
 }
 
+/// Per-block activation values shared by all rows of a decode call: legacy `dy` (and for the
+/// affine types `dy·Σy`) per block; k-quants `dy` per superblock and the i16 pairs
+/// `(Σy_{2i}, Σy_{2i+1})` of sub-block sums.
+pub(crate) struct ActSide {
+    pub(crate) dy: Vec<f32>,
+    pub(crate) ms: Vec<f32>,
+    pub(crate) sy_pairs: Vec<i32>,
+}
+
+impl ActSide {
+    pub(crate) fn new(ty: GgmlType, n: usize, act: &[u8]) -> ActSide {
+        let mut s = ActSide {
+            dy: Vec::new(),
+            ms: Vec::new(),
+            sy_pairs: Vec::new(),
+        };
+        match kind(ty) {
+            Some((Kind::Legacy { min }, _)) => {
+                for blk in act.as_chunks::<34>().0.iter().take(n / 32) {
+                    let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                    s.dy.push(dy);
+                    if min {
+                        let sum: i32 = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
+                        s.ms.push(dy * sum as f32);
+                    }
+                }
+            }
+            Some((Kind::K { block: 32, .. }, _)) => {
+                for sb in act.as_chunks::<292>().0.iter().take(n / 256) {
+                    s.dy.push(f32::from_le_bytes([sb[0], sb[1], sb[2], sb[3]]));
+                    let bsum = |k: usize| {
+                        i32::from(i16::from_le_bytes([sb[260 + 2 * k], sb[261 + 2 * k]]))
+                    };
+                    for i in 0..4 {
+                        let lo = bsum(4 * i) + bsum(4 * i + 1);
+                        let hi = bsum(4 * i + 2) + bsum(4 * i + 3);
+                        s.sy_pairs.push((lo & 0xFFFF) | (hi << 16));
+                    }
+                }
+            }
+            _ => {
+                for sb in act.as_chunks::<292>().0.iter().take(n / 256) {
+                    s.dy.push(f32::from_le_bytes([sb[0], sb[1], sb[2], sb[3]]));
+                }
+            }
+        }
+        s
+    }
+}
+
 /// Bytes of one repacked tile of `r` rows of `n` values.
 pub(crate) fn tile_bytes(kind: Kind, n: usize, r: usize) -> usize {
     records(kind, n) * tile_record_bytes(kind, r)
@@ -629,13 +691,29 @@ pub(crate) fn rows_per_pass(kind: Kind, n: usize, tile_rows: usize) -> usize {
     (REPACK_BUDGET / tile).max(1) * tile_rows
 }
 
+/// Whether `tokens` activation rows pay for repacking the weights of a `kind` (measured on
+/// Zen 5 against the decode kernels run per token, and for floats against the per-row dot).
+pub(crate) fn worth_tiling(kind: Kind, tokens: usize) -> bool {
+    tokens
+        >= match kind {
+            Kind::Legacy { .. } => 2,
+            Kind::K { .. } => 3,
+            // The float repack is the portable one (slow): only worth it for big batches.
+            Kind::Float => 32,
+        }
+}
+
 /// Whether `isa` has tiled kernels on this CPU.
 pub(crate) fn available(isa: crate::Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         crate::legacy::has_avx512_vnni(isa)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        crate::legacy::has_neon_dotprod(isa)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         false
@@ -666,7 +744,13 @@ pub(crate) fn run(
     unsafe {
         x86::run(ty, kind, n, w_rows, row_bytes, prep, out, out_stride)
     };
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `available` verified NEON and the dot-product extension; the geometry contract
+    // is the caller's (lib.rs checks it).
+    unsafe {
+        neon::run(ty, kind, n, w_rows, row_bytes, prep, out, out_stride)
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (ty, kind, n, w_rows, row_bytes, prep, out, out_stride);
 }
 
@@ -695,6 +779,13 @@ pub(crate) fn decode(
         // SAFETY: `available` verified AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the geometry
         // is the caller's (lib.rs checks it) and `run` re-asserts it.
         unsafe { x86_decode::run(ty, n, w_rows, row_bytes, act, out) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if neon::decode_supported(ty) {
+        // SAFETY: `available` verified NEON and the dot-product extension; the geometry is the
+        // caller's (lib.rs checks it) and `decode` re-asserts it.
+        unsafe { neon::decode(ty, n, w_rows, row_bytes, act, out) };
         return;
     }
     with_prep_buffer(|prep| {

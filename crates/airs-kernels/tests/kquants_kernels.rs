@@ -2,8 +2,8 @@
 //! dequantized rows, Q8_K quantizer golden values, quantizer round-trip error, length errors.
 
 use airs_kernels::{
-    ActType, GgmlType, Isa, KernelError, PreparedActs, QK_K, act_type, dequantize_row, dot, matmul,
-    prepare_acts, quantize_act, quantize_row, row_bytes,
+    ActType, GgmlType, Isa, KernelError, QK_K, act_type, dequantize_row, dot, matmul,
+    matmul_matches_scalar, quantize_act, quantize_row, row_bytes,
 };
 
 const KQUANTS: [GgmlType; 5] = [
@@ -185,10 +185,13 @@ fn matmul_matches_dot_for_kquants() {
         for isa in Isa::all_available() {
             let mut out = vec![0f32; 3 * rows];
             matmul(isa, ty, n, &w, &acts, &mut out, rows).unwrap();
-            // Where tiled kernels exist (`prepare_acts` says so), matmul replays the scalar
-            // reference's arithmetic bit for bit; elsewhere it runs the per-row dot of `isa`.
-            let tiled = prepare_acts(isa, ty, n, &acts, &mut PreparedActs::new()).unwrap();
-            let dot_isa = if tiled { Isa::Scalar } else { isa };
+            // Where the multi-row kernels exist, matmul replays the scalar reference's
+            // arithmetic bit for bit; elsewhere it runs the per-row dot of `isa`.
+            let dot_isa = if matmul_matches_scalar(isa, ty) {
+                Isa::Scalar
+            } else {
+                isa
+            };
             for t in 0..3 {
                 for r in 0..rows {
                     let want = dot(

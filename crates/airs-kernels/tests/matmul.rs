@@ -1,9 +1,10 @@
 //! `matmul` and `matmul_prepared` against the scalar per-row `dot`: every supported type,
-//! several shapes, 1..=17 activation rows, every available instruction set, strided output.
+//! several shapes, 1..=17 (and 33, 40) activation rows, every available instruction set,
+//! strided output.
 
 use airs_kernels::{
-    GgmlType, Isa, PreparedActs, act_type, dequantize_row, dot, matmul, matmul_prepared,
-    prepare_acts, quantize_act, quantize_row, row_bytes,
+    GgmlType, Isa, PreparedActs, act_type, dequantize_row, dot, matmul, matmul_matches_scalar,
+    matmul_prepared, prepare_acts, quantize_act, quantize_row, row_bytes,
 };
 
 const TYPES: [GgmlType; 13] = [
@@ -93,23 +94,46 @@ fn magnitude(w: &[f32], a: &[f32]) -> f32 {
     m
 }
 
-/// Whether `matmul` must equal the scalar `dot` bit for bit: the scalar path itself, and the
-/// multi-row / tiled kernels (which replay the scalar reference's float operations after exact
-/// integer block sums) for every quant type on CPUs that have them.
-fn bit_exact(ty: GgmlType, isa: Isa, tokens: usize) -> bool {
-    let quant = ty.block_len() > 1;
-    let simd_exact = cfg!(target_arch = "x86_64") && isa == Isa::Avx512 && is_vnni() && tokens >= 1;
-    isa == Isa::Scalar || (quant && simd_exact)
+/// The `dot` that `matmul` must equal bit for bit: the scalar reference where
+/// `matmul_matches_scalar` says so (the multi-row kernels replay its float operations after
+/// exact integer block sums), otherwise the per-row dot of the same `isa` (the AVX2 multi-row
+/// kernels replay it) — except float weights on the 32+ tokens that take the tiled kernels
+/// (f32 accumulation in another order: tolerance only).
+fn exact_reference(ty: GgmlType, isa: Isa, tokens: usize) -> Option<Isa> {
+    if matmul_matches_scalar(isa, ty) {
+        Some(Isa::Scalar)
+    } else if ty.block_len() == 1 && tokens >= 32 && has_exact_kernels(isa) {
+        None
+    } else {
+        Some(isa)
+    }
 }
 
-fn is_vnni() -> bool {
+/// AVX-512 VNNI on x86-64, NEON with `sdot` on aarch64.
+fn has_exact_kernels(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512vnni")
+        isa == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512vnni")
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
     {
+        isa == Isa::Neon && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = isa;
         false
+    }
+}
+
+#[test]
+fn exactness_is_reported_for_every_quant_type() {
+    for ty in TYPES {
+        let quant = ty.block_len() > 1;
+        for isa in Isa::all_available() {
+            let want = isa == Isa::Scalar || (quant && has_exact_kernels(isa));
+            assert_eq!(matmul_matches_scalar(isa, ty), want, "{ty} {isa:?}");
+        }
     }
 }
 
@@ -121,9 +145,11 @@ fn matmul_matches_scalar_dot_for_every_shape_and_isa() {
             for (rows, spiky) in [(1, false), (5, true), (16, false), (17, true), (40, false)] {
                 let (w, wf) = rows_of(&mut rng, ty, n, rows, spiky);
                 let wrb = w.len() / rows;
-                let (a, af) = acts_of(&mut rng, ty, n, 17);
-                let arb = a.len() / 17;
-                for tokens in 1..=17 {
+                let (a, af) = acts_of(&mut rng, ty, n, 40);
+                let arb = a.len() / 40;
+                // 1..=17 covers every group remainder and the decode / tiled switch; 33 and 40
+                // reach the float tiles.
+                for tokens in (1..=17).chain([33, 40]) {
                     let acts = &a[..tokens * arb];
                     let stride = rows + 3;
                     for isa in Isa::all_available() {
@@ -144,12 +170,19 @@ fn matmul_matches_scalar_dot_for_every_shape_and_isa() {
                                     &acts[t * arb..(t + 1) * arb],
                                 )
                                 .unwrap();
-                                if bit_exact(ty, isa, tokens) {
+                                let w_r = &w[r * wrb..(r + 1) * wrb];
+                                let a_t = &acts[t * arb..(t + 1) * arb];
+                                let exact = match exact_reference(ty, isa, tokens) {
+                                    Some(Isa::Scalar) => Some(want),
+                                    Some(i) => Some(dot(i, ty, n, w_r, a_t).unwrap()),
+                                    None => None,
+                                };
+                                if let Some(exact) = exact {
                                     assert!(
-                                        got.to_bits() == want.to_bits(),
+                                        got.to_bits() == exact.to_bits(),
                                         "{ty} {isa:?} n {n} rows {rows} tokens {tokens} \
-                                         (r {r}, t {t}): {got} is not bit-identical to the \
-                                         scalar {want}"
+                                         (r {r}, t {t}): {got} is not bit-identical to \
+                                         {exact}"
                                     );
                                 }
                                 let mag =
@@ -176,7 +209,7 @@ fn prepared_matmul_over_row_chunks_matches_matmul() {
         let rows = 45;
         let (w, _) = rows_of(&mut rng, ty, n, rows, true);
         let wrb = w.len() / rows;
-        for tokens in [1, 2, 9, 17] {
+        for tokens in [1, 2, 3, 4, 9, 17, 33] {
             let (a, _) = acts_of(&mut rng, ty, n, tokens);
             for isa in Isa::all_available() {
                 let mut want = vec![0f32; tokens * rows];

@@ -9,7 +9,8 @@
 //! `blocks_total × block_bytes ≤ pool_bytes` bytes, pinned with `mlock` (whole pool,
 //! [`PinPolicy::Populate`]) or `mlock2(MLOCK_ONFAULT)` (blocks as they are first written, the
 //! default), falling back visibly — a [`Notice`] — when the kernel refuses, as the rest of this
-//! crate does. "Eviction" of a block is its return to the free list (the design README): cached
+//! crate does. The pool stays on base pages so its resident size grows block by block (huge
+//! pages bought no measurable attention speed once the engine prefetches each next block). "Eviction" of a block is its return to the free list (the design README): cached
 //! prefix blocks nobody references are reclaimed least-recently-used when the free list is empty.
 //!
 //! Block granularity: **one block holds K and V of every layer** for its positions, rather than
@@ -297,7 +298,7 @@ impl KvPool {
         }
         let blocks_total = blocks as u32;
         let bytes = blocks * block_bytes;
-        let mapping = AnonMapping::new(bytes, sys::huge_page_size()).map_err(|e| {
+        let mapping = AnonMapping::new(bytes, sys::page_size()).map_err(|e| {
             MemoryError::with_errno(
                 ErrorKind::Map,
                 format!("mapping a KV pool of {bytes} bytes"),
@@ -308,7 +309,6 @@ impl KvPool {
         // userfaultfd, and nothing else references it; the slice only yields its base pointer.
         let base = NonNull::from(unsafe { mapping.as_mut_slice() }).cast::<u8>();
         let mut notices = Vec::new();
-        let _ = mapping.advise_huge_pages();
         let pinned = pin(&mapping, config.pin, &mut notices);
         Ok(Arc::new(KvPool {
             _mapping: mapping,

@@ -61,3 +61,4 @@ pub use budget::{KvElement, ModelPoolTooLarge, PoolBudget};
 pub use registry::{
     Loaded, ModelId, ModelInfo, ModelRegistry, RegionLoader, RegistryError, RegistryErrorKind,
 };
+pub mod eviction;

@@ -37,12 +37,6 @@ fn load_16(bytes: &[u8; 16]) -> __m128i {
     unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
 }
 
-/// f16(a) · f16(b) in f32 (both conversions are exact, as in ggml; via the lookup table).
-#[inline]
-fn scale_product(a: [u8; 2], b: [u8; 2]) -> f32 {
-    f16_value(a) * f16_value(b)
-}
-
 /// The f32 value of a little-endian f16 field (via the lookup table).
 #[inline]
 fn f16_value(bits: [u8; 2]) -> f32 {
@@ -130,28 +124,48 @@ macro_rules! sum_blocks_2acc {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_block(acc: __m256, x: &BlockQ8_0, y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(scale_product(x.d, y.d));
-    let q = mul_sum_i8_float(load_32(&x.qs), load_32(&y.qs));
+    q8_0_block_y(acc, x, load_32(&y.qs), f16_value(y.d))
+}
+
+/// [`q8_0_block`] with the activation codes `qy` and scale `dy` already loaded (the same
+/// operations, so per-row and multi-row results are identical).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_block_y(acc: __m256, x: &BlockQ8_0, qy: __m256i, dy: f32) -> __m256 {
+    let d = _mm256_set1_ps(f16_value(x.d) * dy);
+    let q = mul_sum_i8_float(load_32(&x.qs), qy);
     _mm256_fmadd_ps(d, q, acc)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_block(acc: __m256, x: &BlockQ4_0, y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(scale_product(x.d, y.d));
+    q4_0_block_y(acc, x, load_32(&y.qs), f16_value(y.d))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_block_y(acc: __m256, x: &BlockQ4_0, qy: __m256i, dy: f32) -> __m256 {
+    let d = _mm256_set1_ps(f16_value(x.d) * dy);
     let qx = _mm256_sub_epi8(nibbles_to_bytes(&x.qs), _mm256_set1_epi8(8));
-    let q = mul_sum_i8_float(qx, load_32(&y.qs));
+    let q = mul_sum_i8_float(qx, qy);
     _mm256_fmadd_ps(d, q, acc)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_0_block(acc: __m256, x: &BlockQ5_0, y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(scale_product(x.d, y.d));
+    q5_0_block_y(acc, x, load_32(&y.qs), f16_value(y.d))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_block_y(acc: __m256, x: &BlockQ5_0, qy: __m256i, dy: f32) -> __m256 {
+    let d = _mm256_set1_ps(f16_value(x.d) * dy);
     // (nibble | bit << 4) - 16 as i8 = nibble if the bit is set, else nibble | 0xF0.
     let high = clear_bits_to_bytes(x.qh, 0xF0u8 as i8);
     let qx = _mm256_or_si256(nibbles_to_bytes(&x.qs), high);
-    let q = mul_sum_i8_float(qx, load_32(&y.qs));
+    let q = mul_sum_i8_float(qx, qy);
     _mm256_fmadd_ps(d, q, acc)
 }
 
@@ -208,6 +222,55 @@ pub(super) fn dot_q4_1_avx2(w: &[BlockQ4_1], a: &[BlockQ8_0]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_1_avx2(w: &[BlockQ5_1], a: &[BlockQ8_0]) -> f32 {
     sum_blocks_2acc!(w, a, q5_1_block)
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 multi-row kernels (decode): 4 rows per pass against one activation row, sharing the
+// activation loads and scale conversions. Each row goes through exactly the operations of
+// its single-row kernel (even/odd blocks on two accumulators, the odd last block on the first,
+// one horizontal sum), so results are bit-identical to `dot_*_avx2`.
+
+/// `[dot(w[r], a); 4]` with the single-row `$block` / `$block_y` steps.
+macro_rules! sum_blocks_2acc_x4 {
+    ($w:expr, $a:expr, $block_y:ident) => {{
+        let (w, a) = ($w, $a);
+        debug_assert!(w.iter().all(|w| w.len() == a.len()));
+        let pairs = a.len() / 2;
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        for i in 0..pairs {
+            let (y0, y1) = (&a[2 * i], &a[2 * i + 1]);
+            let (qy0, dy0) = (load_32(&y0.qs), f16_value(y0.d));
+            let (qy1, dy1) = (load_32(&y1.qs), f16_value(y1.d));
+            for r in 0..4 {
+                acc0[r] = $block_y(acc0[r], &w[r][2 * i], qy0, dy0);
+                acc1[r] = $block_y(acc1[r], &w[r][2 * i + 1], qy1, dy1);
+            }
+        }
+        if a.len() % 2 == 1 {
+            let y = &a[2 * pairs];
+            let (qy, dy) = (load_32(&y.qs), f16_value(y.d));
+            for r in 0..4 {
+                acc0[r] = $block_y(acc0[r], &w[r][2 * pairs], qy, dy);
+            }
+        }
+        std::array::from_fn(|r| hsum_256(_mm256_add_ps(acc0[r], acc1[r])))
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot4_q8_0_avx2(w: [&[BlockQ8_0]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    sum_blocks_2acc_x4!(w, a, q8_0_block_y)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot4_q4_0_avx2(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    sum_blocks_2acc_x4!(w, a, q4_0_block_y)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot4_q5_0_avx2(w: [&[BlockQ5_0]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    sum_blocks_2acc_x4!(w, a, q5_0_block_y)
 }
 
 // ---------------------------------------------------------------------------------------------

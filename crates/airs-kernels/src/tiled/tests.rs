@@ -2,6 +2,7 @@
 //! SIMD repackers byte for byte against the scalar repacker.
 
 use super::*;
+#[cfg(target_arch = "x86_64")]
 use crate::Isa;
 
 fn rng(seed: &mut u64) -> u64 {

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::Kind;
+use super::ActSide;
 use crate::GgmlType;
 
 /// Rows per pass.
@@ -243,53 +243,6 @@ pub(super) unsafe fn run(
         let mask = ((1u32 << nrows) - 1) as __mmask16;
         // SAFETY: lanes < nrows are out[r0..r0 + nrows], inside `out` (asserted).
         unsafe { _mm512_mask_storeu_ps(out[r0..].as_mut_ptr(), mask, f) };
-    }
-}
-
-/// Per-block activation values shared by all rows: legacy `(dy, dy·Σy)` per block; k-quants
-/// `dy` per superblock and the i16 pairs `(Σy_{2i}, Σy_{2i+1})` of sub-block sums.
-struct ActSide {
-    dy: Vec<f32>,
-    ms: Vec<f32>,
-    sy_pairs: Vec<i32>,
-}
-
-impl ActSide {
-    fn new(ty: GgmlType, n: usize, act: &[u8]) -> ActSide {
-        let mut s = ActSide {
-            dy: Vec::new(),
-            ms: Vec::new(),
-            sy_pairs: Vec::new(),
-        };
-        match super::kind(ty) {
-            Some((Kind::Legacy { .. }, _)) => {
-                for blk in act.as_chunks::<34>().0.iter().take(n / 32) {
-                    let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                    let sum: i32 = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
-                    s.dy.push(dy);
-                    s.ms.push(dy * sum as f32);
-                }
-            }
-            Some((Kind::K { block: 32, .. }, _)) => {
-                for sb in act.as_chunks::<292>().0.iter().take(n / 256) {
-                    s.dy.push(f32::from_le_bytes([sb[0], sb[1], sb[2], sb[3]]));
-                    let bsum = |k: usize| {
-                        i32::from(i16::from_le_bytes([sb[260 + 2 * k], sb[261 + 2 * k]]))
-                    };
-                    for i in 0..4 {
-                        let lo = bsum(4 * i) + bsum(4 * i + 1);
-                        let hi = bsum(4 * i + 2) + bsum(4 * i + 3);
-                        s.sy_pairs.push((lo & 0xFFFF) | (hi << 16));
-                    }
-                }
-            }
-            _ => {
-                for sb in act.as_chunks::<292>().0.iter().take(n / 256) {
-                    s.dy.push(f32::from_le_bytes([sb[0], sb[1], sb[2], sb[3]]));
-                }
-            }
-        }
-        s
     }
 }
 

@@ -1,0 +1,822 @@
+//! Scripted session workloads for `airs bench sessions`: a mix of interactive, system and
+//! background sessions taking turns on a simulated clock against a KV pool too small for all
+//! of them, with the §6.3 invariants checked after every request and, optionally, every reply
+//! compared with the same workload served by a pool that never evicts.
+//!
+//! Workload files are JSON:
+//!
+//! ```json
+//! {
+//!   "name": "mixed",
+//!   "max_tokens": 16,
+//!   "step_seconds": 60,
+//!   "idle_threshold_seconds": 300,
+//!   "sessions": [
+//!     { "name": "chat-1", "priority": "interactive", "steps": [0, 1, 2, 10],
+//!       "turns": ["Hello!", "Tell me a story.", "And then?", "How did it end?"] },
+//!     { "name": "svc-1", "priority": "system", "system": "You check requests.",
+//!       "start": 1, "every": 3, "turns": ["Check: open the door.", "Check: send mail."] }
+//!   ]
+//! }
+//! ```
+//!
+//! Time advances in steps of `step_seconds` (default 60) on a manual clock, so idleness is
+//! simulated, not waited for. At step `t` each session, in file order, takes its next turn if
+//! `t` is in its `steps` list, or — without a list — if `t ≥ start` (default 0) and
+//! `(t − start)` is a multiple of `every` (default 1). The run ends when every session has used
+//! all its `turns`. Per session, `max_tokens` overrides the workload's (default 16), `system`
+//! opens the conversation with a system message, `salt` scopes its prefix sharing, and
+//! `temperature` and `seed` set its sampler (default greedy, seed 0).
+//! `idle_threshold_seconds` defaults to 300 (the runtime's 5 minutes). Sessions sharing a
+//! `system` prompt share its KV blocks through the prefix index.
+//!
+//! Presets: `mixed` (2 interactive, one of which goes idle and comes back; 2 system sessions
+//! with a shared system prompt; 4 background; several turns each). `workloads/short.json` in
+//! this crate is a shorter mix for larger models (8-token replies).
+//!
+//! Cost: the workload's forward passes (twice with verification), plus a pool audit and an
+//! invariant check per request.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use airs_engine::KvType;
+use airs_memory::PinPolicy;
+use airs_memory::eviction::Priority;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::{Result, RuntimeError, RuntimeErrorKind};
+use crate::idle::ManualClock;
+use crate::invariants::{check_eviction, check_pool};
+use crate::manager::{
+    ManagerConfig, PriorityEvictions, RequestOptions, RuntimeEvent, SessionManager, SessionSpec,
+};
+use crate::schedule::RebuildMode;
+use crate::store::{HistoryStore, SamplerSettings};
+
+fn default_max_tokens() -> usize {
+    16
+}
+
+fn default_step_seconds() -> f64 {
+    60.0
+}
+
+fn default_idle_seconds() -> f64 {
+    300.0
+}
+
+fn default_every() -> usize {
+    1
+}
+
+/// One session of a workload (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSession {
+    pub name: String,
+    /// `interactive`, `system` or `background`.
+    pub priority: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub salt: Option<String>,
+    /// Steps at which the session speaks, increasing (overrides `start`/`every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<usize>>,
+    #[serde(default)]
+    pub start: usize,
+    #[serde(default = "default_every")]
+    pub every: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (default 0: greedy).
+    #[serde(default)]
+    pub temperature: f32,
+    /// Sampler seed (default 0).
+    #[serde(default)]
+    pub seed: u64,
+    pub turns: Vec<String>,
+}
+
+/// A scripted workload (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    #[serde(default = "default_step_seconds")]
+    pub step_seconds: f64,
+    #[serde(default = "default_idle_seconds")]
+    pub idle_threshold_seconds: f64,
+    pub sessions: Vec<WorkloadSession>,
+}
+
+/// One request of a workload's schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledTurn {
+    pub step: usize,
+    /// Index into `sessions`.
+    pub session: usize,
+    /// Index into that session's `turns`.
+    pub turn: usize,
+}
+
+impl Workload {
+    /// Parse a workload file's text.
+    pub fn from_json(text: &str) -> Result<Workload> {
+        let w: Workload = serde_json::from_str(text)
+            .map_err(|e| RuntimeError::new(RuntimeErrorKind::Workload(e.to_string())))?;
+        w.validate()?;
+        Ok(w)
+    }
+
+    /// A named preset, or the file at `name_or_path`.
+    pub fn load(name_or_path: &str) -> Result<Workload> {
+        if let Some(w) = Workload::preset(name_or_path) {
+            return Ok(w);
+        }
+        let text = std::fs::read_to_string(name_or_path).map_err(|e| {
+            RuntimeError::new(RuntimeErrorKind::Workload(format!(
+                "{name_or_path:?} is neither a preset (mixed) nor a readable file: {e}"
+            )))
+        })?;
+        Workload::from_json(&text)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(RuntimeError::new(RuntimeErrorKind::Workload(m)));
+        if self.sessions.is_empty() {
+            return bad("no sessions".into());
+        }
+        if !(self.step_seconds >= 0.0 && self.idle_threshold_seconds >= 0.0) {
+            return bad("step_seconds and idle_threshold_seconds must be non-negative".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for s in &self.sessions {
+            if !names.insert(&s.name) {
+                return bad(format!("session {:?} appears twice", s.name));
+            }
+            if let Err(e) = s.priority.parse::<Priority>() {
+                return bad(format!("session {:?}: {e}", s.name));
+            }
+            if s.every == 0 {
+                return bad(format!("session {:?}: every must be at least 1", s.name));
+            }
+            if s.max_tokens == Some(0) || self.max_tokens == 0 {
+                return bad(format!(
+                    "session {:?}: max_tokens must be at least 1",
+                    s.name
+                ));
+            }
+            if let Some(steps) = &s.steps {
+                if steps.len() < s.turns.len() {
+                    return bad(format!(
+                        "session {:?}: {} turns but only {} steps",
+                        s.name,
+                        s.turns.len(),
+                        steps.len()
+                    ));
+                }
+                if steps.windows(2).any(|w| w[0] >= w[1]) {
+                    return bad(format!("session {:?}: steps must increase", s.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The requests in order.
+    pub fn schedule(&self) -> Vec<ScheduledTurn> {
+        let mut out = Vec::new();
+        let mut next = vec![0usize; self.sessions.len()];
+        let mut step = 0usize;
+        while self
+            .sessions
+            .iter()
+            .zip(&next)
+            .any(|(s, &n)| n < s.turns.len())
+        {
+            for (i, s) in self.sessions.iter().enumerate() {
+                if next[i] >= s.turns.len() {
+                    continue;
+                }
+                let speaks = match &s.steps {
+                    Some(steps) => steps[next[i]] == step,
+                    None => step >= s.start && (step - s.start).is_multiple_of(s.every),
+                };
+                if speaks {
+                    out.push(ScheduledTurn {
+                        step,
+                        session: i,
+                        turn: next[i],
+                    });
+                    next[i] += 1;
+                }
+            }
+            step += 1;
+        }
+        out
+    }
+
+    /// The built-in workloads by name.
+    pub fn preset(name: &str) -> Option<Workload> {
+        match name {
+            "mixed" => Some(mixed()),
+            _ => None,
+        }
+    }
+}
+
+fn session(
+    name: &str,
+    priority: Priority,
+    system: Option<&str>,
+    steps: Option<Vec<usize>>,
+    start: usize,
+    every: usize,
+    turns: &[&str],
+) -> WorkloadSession {
+    WorkloadSession {
+        name: name.into(),
+        priority: priority.name().into(),
+        system: system.map(Into::into),
+        salt: None,
+        steps,
+        start,
+        every,
+        max_tokens: None,
+        temperature: 0.0,
+        seed: 0,
+        turns: turns.iter().map(|t| (*t).into()).collect(),
+    }
+}
+
+fn mixed() -> Workload {
+    const SERVICE: &str = "You are the intent checker of a small home computer. For every \
+        request, say whether it is safe, what it touches, and what could go wrong. Be short, \
+        precise and careful.";
+    Workload {
+        name: "mixed".into(),
+        max_tokens: 16,
+        step_seconds: 60.0,
+        idle_threshold_seconds: 300.0,
+        sessions: vec![
+            // Speaks, goes quiet for 8 minutes (idle), comes back: evicted, then rebuilt.
+            session(
+                "chat-1",
+                Priority::Interactive,
+                None,
+                Some(vec![0, 1, 2, 10]),
+                0,
+                1,
+                &[
+                    "Once upon a time there was a little cat.",
+                    "What did the cat do next?",
+                    "Did the cat find a friend?",
+                    "How did the story end?",
+                ],
+            ),
+            // Speaks every two minutes: always active, never evicted.
+            session(
+                "chat-2",
+                Priority::Interactive,
+                None,
+                None,
+                0,
+                2,
+                &[
+                    "Tell me about a dog who loves the park.",
+                    "Why does the dog like the park?",
+                    "What happens when it rains?",
+                    "Who does the dog meet there?",
+                    "What does the dog eat?",
+                    "Say goodbye to the dog.",
+                ],
+            ),
+            session(
+                "svc-1",
+                Priority::System,
+                Some(SERVICE),
+                None,
+                1,
+                3,
+                &[
+                    "Request: open the kitchen window.",
+                    "Request: send the photos to grandma.",
+                    "Request: delete old downloads.",
+                ],
+            ),
+            session(
+                "svc-2",
+                Priority::System,
+                Some(SERVICE),
+                None,
+                2,
+                3,
+                &[
+                    "Request: turn off the lights at night.",
+                    "Request: play music in the garden.",
+                    "Request: lock the front door.",
+                ],
+            ),
+            session(
+                "bg-1",
+                Priority::Background,
+                None,
+                None,
+                0,
+                2,
+                &[
+                    "Summarize: the garden notes from spring.",
+                    "Summarize: the shopping list for the week.",
+                    "Summarize: the letters from the bank.",
+                ],
+            ),
+            session(
+                "bg-2",
+                Priority::Background,
+                None,
+                None,
+                1,
+                2,
+                &[
+                    "Index: photos of the beach trip.",
+                    "Index: recipes with apples.",
+                    "Index: school reports.",
+                ],
+            ),
+            session(
+                "bg-3",
+                Priority::Background,
+                None,
+                None,
+                2,
+                2,
+                &[
+                    "Tag: music files from the old laptop.",
+                    "Tag: videos of the birthday party.",
+                    "Tag: scanned receipts.",
+                ],
+            ),
+            session(
+                "bg-4",
+                Priority::Background,
+                None,
+                None,
+                3,
+                2,
+                &[
+                    "Summarize: the notes from the meeting.",
+                    "Summarize: the story the children wrote.",
+                    "Summarize: the weather this month.",
+                ],
+            ),
+        ],
+    }
+}
+
+/// How to run a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    /// The constrained pool's budget.
+    pub pool_bytes: usize,
+    pub tokens_per_block: u32,
+    pub kv_type: KvType,
+    pub prefill_batch: usize,
+    pub rebuild: RebuildMode,
+    pub pin: PinPolicy,
+    /// Also serve the workload from a pool that never evicts and compare every reply.
+    pub verify: bool,
+    /// The reference pool's budget (default: 16 × `pool_bytes`, at least 256 MiB of address
+    /// space; pinned on fault, so it costs only what is written).
+    pub reference_pool_bytes: Option<usize>,
+}
+
+impl BenchConfig {
+    pub fn new(pool_bytes: usize) -> BenchConfig {
+        BenchConfig {
+            pool_bytes,
+            tokens_per_block: airs_memory::DEFAULT_TOKENS_PER_BLOCK,
+            kv_type: KvType::F16,
+            prefill_batch: 512,
+            rebuild: RebuildMode::Auto,
+            pin: PinPolicy::default(),
+            verify: false,
+            reference_pool_bytes: None,
+        }
+    }
+}
+
+/// The outcome of one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TurnRecord {
+    pub step: usize,
+    pub session: String,
+    pub priority: String,
+    pub turn: usize,
+    /// The reply's token ids (empty on failure).
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// The error, if the request failed.
+    pub error: Option<String>,
+    pub rebuilt: bool,
+    pub recomputed_tokens: usize,
+    pub evictions: usize,
+}
+
+/// Eviction counters per priority.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EvictionSummary {
+    pub background: PriorityEvictions,
+    pub system: PriorityEvictions,
+    pub interactive: PriorityEvictions,
+}
+
+/// The reply comparison with an unconstrained run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verification {
+    pub compared: usize,
+    pub identical: usize,
+    /// `session turn`: the replies that differ.
+    pub mismatches: Vec<String>,
+    /// Eviction steps in the reference run (must be 0 for the comparison to mean anything).
+    pub reference_evictions: usize,
+}
+
+/// What `airs bench sessions` reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchReport {
+    pub workload: String,
+    pub model: String,
+    pub sessions: usize,
+    pub requests: usize,
+    pub failed_requests: usize,
+    pub pool_bytes: usize,
+    pub block_bytes: usize,
+    pub tokens_per_block: u32,
+    pub blocks_total: u32,
+    pub peak_blocks_used: u32,
+    pub peak_used_bytes: usize,
+    pub evictions: EvictionSummary,
+    pub eviction_steps_checked: usize,
+    pub rebuilds: u64,
+    pub recomputed_tokens: u64,
+    pub rebuild_reused_tokens: u64,
+    pub prefill_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub generated_tokens: u64,
+    /// Invariant violations (empty when all held).
+    pub violations: Vec<String>,
+    pub verification: Option<Verification>,
+    pub elapsed_s: f64,
+    /// The pass schedule (`free` or `replay`) and why.
+    pub schedule: String,
+    pub batch_invariant: bool,
+    pub damon_available: bool,
+    pub turns: Vec<TurnRecord>,
+}
+
+impl BenchReport {
+    /// Whether every invariant held and, if verified, every reply matched.
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+            && self
+                .verification
+                .as_ref()
+                .is_none_or(|v| v.mismatches.is_empty() && v.reference_evictions == 0)
+    }
+}
+
+/// Serve `turns` of `workload` on `manager`, checking invariants after each request.
+fn serve(
+    manager: &mut SessionManager,
+    clock: &ManualClock,
+    workload: &Workload,
+    turns: &[ScheduledTurn],
+    violations: &mut Vec<String>,
+    eviction_steps: &mut usize,
+) -> Result<Vec<TurnRecord>> {
+    let threshold = manager.config().idle_threshold;
+    let mut ids = Vec::new();
+    for s in &workload.sessions {
+        let spec = SessionSpec {
+            name: s.name.clone(),
+            priority: s.priority.parse().map_err(RuntimeError::invalid)?,
+            system: s.system.clone(),
+            sampler: SamplerSettings {
+                temperature: s.temperature,
+                seed: s.seed,
+                ..SamplerSettings::default()
+            },
+            salt: s.salt.as_ref().map(|x| x.as_bytes().to_vec()),
+        };
+        ids.push(manager.open_session(&spec)?);
+    }
+    let step_time = Duration::from_secs_f64(workload.step_seconds);
+    let mut records = Vec::new();
+    let mut step = 0;
+    for t in turns {
+        while step < t.step {
+            clock.advance(step_time);
+            step += 1;
+        }
+        let s = &workload.sessions[t.session];
+        let options = RequestOptions {
+            max_tokens: s.max_tokens.unwrap_or(workload.max_tokens),
+        };
+        let result = manager.request(ids[t.session], &s.turns[t.turn], &options);
+        for e in manager.take_events() {
+            if let RuntimeEvent::Evicted(e) = e {
+                *eviction_steps += 1;
+                if let Err(v) = check_eviction(&e, threshold) {
+                    violations.push(format!("step {}: {v}", t.step));
+                }
+            }
+        }
+        if let Err(v) = check_pool(manager.pool().memory()) {
+            violations.push(format!("step {}: {v}", t.step));
+        }
+        let mut rec = TurnRecord {
+            step: t.step,
+            session: s.name.clone(),
+            priority: s.priority.clone(),
+            turn: t.turn,
+            tokens: Vec::new(),
+            text: String::new(),
+            error: None,
+            rebuilt: false,
+            recomputed_tokens: 0,
+            evictions: 0,
+        };
+        match result {
+            Ok(r) => {
+                rec.tokens = r.tokens;
+                rec.text = r.text;
+                rec.rebuilt = r.rebuild.is_some();
+                rec.recomputed_tokens = r.rebuild.map_or(0, |b| b.recomputed_tokens);
+                rec.evictions = r.evictions;
+            }
+            Err(e) if e.pool_exhausted().is_some() => rec.error = Some(e.to_string()),
+            Err(e) => return Err(e),
+        }
+        records.push(rec);
+    }
+    Ok(records)
+}
+
+fn manager_for(
+    engine: Engine,
+    config: &BenchConfig,
+    pool_bytes: usize,
+    workload: &Workload,
+    clock: &ManualClock,
+) -> Result<SessionManager> {
+    let mut mc = ManagerConfig::new(pool_bytes);
+    mc.tokens_per_block = config.tokens_per_block;
+    mc.kv_type = config.kv_type;
+    mc.pin = config.pin;
+    mc.prefill_batch = config.prefill_batch;
+    mc.rebuild = config.rebuild;
+    mc.idle_threshold = Duration::from_secs_f64(workload.idle_threshold_seconds);
+    SessionManager::with_clock(
+        engine,
+        HistoryStore::open_in_memory()?,
+        mc,
+        Box::new(clock.clone()),
+    )
+}
+
+/// Run `workload` on a manager over `engine` with `config`'s pool; with `config.verify`, run
+/// the requests that succeeded again on `reference` (a second engine over the same model) with
+/// a pool that never evicts, and compare the replies.
+pub fn run_bench(
+    engine: Engine,
+    reference: Option<Engine>,
+    config: &BenchConfig,
+    workload: &Workload,
+) -> Result<BenchReport> {
+    workload.validate()?;
+    let model = engine.model_key.clone();
+    let clock = ManualClock::new();
+    let mut manager = manager_for(engine, config, config.pool_bytes, workload, &clock)?;
+    let schedule = workload.schedule();
+    let started = Instant::now();
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    let records = serve(
+        &mut manager,
+        &clock,
+        workload,
+        &schedule,
+        &mut violations,
+        &mut checked,
+    )?;
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let stats = manager.stats();
+
+    let verification = match (config.verify, reference) {
+        (false, _) => None,
+        (true, None) => {
+            return Err(RuntimeError::invalid(
+                "verification needs a second engine over the same model",
+            ));
+        }
+        (true, Some(reference)) => {
+            let ok: Vec<ScheduledTurn> = schedule
+                .iter()
+                .zip(&records)
+                .filter(|(_, r)| r.error.is_none())
+                .map(|(t, _)| t.clone())
+                .collect();
+            let bytes = config
+                .reference_pool_bytes
+                .unwrap_or_else(|| config.pool_bytes.saturating_mul(16).max(256 << 20));
+            let clock = ManualClock::new();
+            let mut refm = manager_for(reference, config, bytes, workload, &clock)?;
+            let mut ref_violations = Vec::new();
+            let mut ref_evictions = 0;
+            let ref_records = serve(
+                &mut refm,
+                &clock,
+                workload,
+                &ok,
+                &mut ref_violations,
+                &mut ref_evictions,
+            )?;
+            let by_key: BTreeMap<(String, usize), &TurnRecord> = ref_records
+                .iter()
+                .map(|r| ((r.session.clone(), r.turn), r))
+                .collect();
+            let mut v = Verification {
+                compared: 0,
+                identical: 0,
+                mismatches: Vec::new(),
+                reference_evictions: ref_evictions,
+            };
+            for r in records.iter().filter(|r| r.error.is_none()) {
+                v.compared += 1;
+                match by_key.get(&(r.session.clone(), r.turn)) {
+                    Some(x) if x.tokens == r.tokens && x.error.is_none() => v.identical += 1,
+                    _ => v.mismatches.push(format!("{} turn {}", r.session, r.turn)),
+                }
+            }
+            Some(v)
+        }
+    };
+
+    let block_bytes = stats.block_bytes;
+    Ok(BenchReport {
+        workload: workload.name.clone(),
+        model,
+        sessions: workload.sessions.len(),
+        requests: records.len(),
+        failed_requests: records.iter().filter(|r| r.error.is_some()).count(),
+        pool_bytes: stats.pool_bytes,
+        block_bytes,
+        tokens_per_block: config.tokens_per_block,
+        blocks_total: stats.blocks_total,
+        peak_blocks_used: stats.peak_blocks_used,
+        peak_used_bytes: stats.peak_blocks_used as usize * block_bytes,
+        evictions: EvictionSummary {
+            background: stats.evictions_background.clone(),
+            system: stats.evictions_system.clone(),
+            interactive: stats.evictions_interactive.clone(),
+        },
+        eviction_steps_checked: checked,
+        rebuilds: stats.rebuilds,
+        recomputed_tokens: stats.recomputed_tokens,
+        rebuild_reused_tokens: stats.rebuild_reused_tokens,
+        prefill_tokens: stats.prefill_tokens,
+        prefix_hit_tokens: stats.prefix_hit_tokens,
+        generated_tokens: stats.generated_tokens,
+        violations,
+        verification,
+        elapsed_s,
+        schedule: stats.schedule.to_string(),
+        batch_invariant: stats.batch_invariant,
+        damon_available: stats.damon_available,
+        turns: records,
+    })
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "workload {}: {} sessions, {} requests ({} failed), {:.2} s, model {}",
+            self.workload,
+            self.sessions,
+            self.requests,
+            self.failed_requests,
+            self.elapsed_s,
+            self.model
+        )?;
+        writeln!(
+            f,
+            "pool: {} bytes = {} blocks of {} bytes ({} tokens each); peak {} blocks used ({} bytes)",
+            self.pool_bytes,
+            self.blocks_total,
+            self.block_bytes,
+            self.tokens_per_block,
+            self.peak_blocks_used,
+            self.peak_used_bytes
+        )?;
+        writeln!(
+            f,
+            "{:<13} {:>6} {:>8} {:>11} {:>12} {:>12} {:>15}",
+            "evictions",
+            "steps",
+            "emptied",
+            "block refs",
+            "blocks freed",
+            "bytes freed",
+            "tokens dropped"
+        )?;
+        for (name, e) in [
+            ("background", &self.evictions.background),
+            ("system", &self.evictions.system),
+            ("interactive", &self.evictions.interactive),
+        ] {
+            writeln!(
+                f,
+                "  {:<11} {:>6} {:>8} {:>11} {:>12} {:>12} {:>15}",
+                name,
+                e.steps,
+                e.sessions_emptied,
+                e.block_refs,
+                e.blocks_freed,
+                e.bytes_freed,
+                e.tokens_dropped
+            )?;
+        }
+        writeln!(
+            f,
+            "schedule: {} (kernels {}batch-invariant)",
+            self.schedule,
+            if self.batch_invariant { "" } else { "not " }
+        )?;
+        writeln!(
+            f,
+            "rebuilds: {} (recomputed {} tokens, reused {} cached); prefill {} tokens, prefix \
+             hits {} tokens, generated {} tokens",
+            self.rebuilds,
+            self.recomputed_tokens,
+            self.rebuild_reused_tokens,
+            self.prefill_tokens,
+            self.prefix_hit_tokens,
+            self.generated_tokens
+        )?;
+        if self.violations.is_empty() {
+            writeln!(
+                f,
+                "invariants: ok over {} requests and {} eviction steps (budget never exceeded, \
+                 no active interactive session evicted, order background → system → idle \
+                 interactive, LRU within a level)",
+                self.requests, self.eviction_steps_checked
+            )?;
+        } else {
+            writeln!(f, "invariants: {} VIOLATIONS", self.violations.len())?;
+            for v in &self.violations {
+                writeln!(f, "  {v}")?;
+            }
+        }
+        for r in self.turns.iter().filter(|r| r.error.is_some()) {
+            writeln!(
+                f,
+                "failed: step {} {} turn {}: {}",
+                r.step,
+                r.session,
+                r.turn,
+                r.error.as_deref().unwrap_or("")
+            )?;
+        }
+        if let Some(v) = &self.verification {
+            if v.mismatches.is_empty() && v.reference_evictions == 0 {
+                writeln!(
+                    f,
+                    "verify: {}/{} replies identical to a run that never evicts",
+                    v.identical, v.compared
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "verify: {}/{} identical; differ: {:?}; reference evictions: {}",
+                    v.identical, v.compared, v.mismatches, v.reference_evictions
+                )?;
+            }
+        }
+        writeln!(
+            f,
+            "damon: {}",
+            if self.damon_available {
+                "available (telemetry only)"
+            } else {
+                "not available (idleness is tracked by the runtime)"
+            }
+        )
+    }
+}

@@ -1,0 +1,215 @@
+//! Histories survive the process: a conversation continued by a new manager over the same
+//! database — after a clean exit, or after the process was killed with SIGKILL in the middle of
+//! the conversation — loses no acknowledged message and continues exactly as an uninterrupted
+//! one does (greedy and seeded sampling alike).
+//!
+//! The kill test runs this test binary itself as the child (`crash_child_process`, which does
+//! nothing unless `AIRS_RUNTIME_CRASH_DB` is set): it serves a scripted conversation, printing
+//! `ACK <turn> <token ids>` after each turn is committed, and the parent kills it after a few
+//! acknowledgements.
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use airs_memory::PinPolicy;
+use airs_runtime::{
+    Durability, Engine, HistoryStore, ManagerConfig, Priority, RequestOptions, Role,
+    SamplerSettings, SessionManager, SessionSpec,
+};
+
+const TURNS: [&str; 6] = [
+    "Once upon a time there was a little girl named Lily.",
+    "She liked to play in the garden.",
+    "One day she found a big red ball.",
+    "What did she do with the ball?",
+    "Then her friend Tom came.",
+    "How did the day end?",
+];
+const MAX_TOKENS: usize = 24;
+
+fn spec(name: &str) -> SessionSpec {
+    SessionSpec {
+        name: name.into(),
+        priority: Priority::Interactive,
+        system: Some("You tell stories.".into()),
+        sampler: SamplerSettings {
+            temperature: 0.8,
+            seed: 11,
+            ..SamplerSettings::default()
+        },
+        salt: None,
+    }
+}
+
+fn manager_over(store: HistoryStore) -> SessionManager {
+    let e = Engine::open(&airs_testdata::stories_path(), 1).unwrap();
+    let mut c = ManagerConfig::new(1 << 20);
+    c.pin = PinPolicy::None;
+    SessionManager::new(e, store, c).unwrap()
+}
+
+fn temp_db(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airs-runtime-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("history.db")
+}
+
+/// The replies of the whole script served by one manager in memory.
+fn reference() -> Vec<Vec<u32>> {
+    let mut m = manager_over(HistoryStore::open_in_memory().unwrap());
+    let id = m.open_session(&spec("story")).unwrap();
+    TURNS
+        .iter()
+        .map(|t| {
+            m.request(
+                id,
+                t,
+                &RequestOptions {
+                    max_tokens: MAX_TOKENS,
+                },
+            )
+            .unwrap()
+            .tokens
+        })
+        .collect()
+}
+
+/// Serve the turns of the script not yet in the database, calling `ack` after each commit.
+fn continue_script(db: &Path, mut ack: impl FnMut(usize, &[u32])) -> Vec<Vec<u32>> {
+    let store = HistoryStore::open(db, Durability::Full).unwrap();
+    let mut m = manager_over(store);
+    let id = m.open_session(&spec("story")).unwrap();
+    let done = m
+        .history(id)
+        .unwrap()
+        .iter()
+        .filter(|(r, _)| *r == Role::User)
+        .count();
+    for (i, t) in TURNS.iter().enumerate().skip(done) {
+        let r = m
+            .request(
+                id,
+                t,
+                &RequestOptions {
+                    max_tokens: MAX_TOKENS,
+                },
+            )
+            .unwrap();
+        ack(i, &r.tokens);
+    }
+    replies_in(db)
+}
+
+/// The reply token ids committed in the database.
+fn replies_in(db: &Path) -> Vec<Vec<u32>> {
+    let store = HistoryStore::open(db, Durability::Full).unwrap();
+    let s = store.find_session("story").unwrap().expect("session");
+    let msgs = store.load_messages(s.id).unwrap();
+    let users: Vec<&str> = msgs
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(
+        users,
+        TURNS[..users.len()],
+        "user messages committed in order"
+    );
+    msgs.into_iter()
+        .filter(|m| m.role == Role::Assistant)
+        .map(|m| m.tokens)
+        .collect()
+}
+
+#[test]
+fn a_new_process_continues_the_conversation_identically() {
+    let want = reference();
+    let db = temp_db("reopen");
+    // Three turns, then a "restart" (a new manager, engine and connection), then the rest.
+    {
+        let store = HistoryStore::open(&db, Durability::Full).unwrap();
+        let mut m = manager_over(store);
+        let id = m.open_session(&spec("story")).unwrap();
+        for t in &TURNS[..3] {
+            m.request(
+                id,
+                t,
+                &RequestOptions {
+                    max_tokens: MAX_TOKENS,
+                },
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(replies_in(&db), want[..3]);
+    let got = continue_script(&db, |_, _| {});
+    assert_eq!(got, want);
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
+}
+
+/// The child: runs only when spawned by `sigkill_mid_conversation_loses_no_acknowledged_turn`.
+#[test]
+fn crash_child_process() {
+    let Some(db) = std::env::var_os("AIRS_RUNTIME_CRASH_DB") else {
+        return;
+    };
+    continue_script(Path::new(&db), |turn, tokens| {
+        println!("ACK {turn} {tokens:?}");
+    });
+}
+
+#[test]
+fn sigkill_mid_conversation_loses_no_acknowledged_turn() {
+    let want = reference();
+    // Kill right after an acknowledgement, and a little later (mid-generation or mid-commit).
+    for (kill_after, delay_us) in [(1usize, 0u64), (2, 1_000), (3, 3_000)] {
+        let db = temp_db(&format!("kill{kill_after}"));
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "crash_child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("AIRS_RUNTIME_CRASH_DB", &db)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut acked: Vec<(usize, String)> = Vec::new();
+        for line in stdout.lines() {
+            let line = line.unwrap();
+            if let Some(rest) = line.strip_prefix("ACK ") {
+                let (turn, tokens) = rest.split_once(' ').unwrap();
+                acked.push((turn.parse().unwrap(), tokens.to_string()));
+                if acked.len() == kill_after {
+                    std::thread::sleep(std::time::Duration::from_micros(delay_us));
+                    child.kill().unwrap(); // SIGKILL, mid-conversation
+                    break;
+                }
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the child was killed");
+        let committed = replies_in(&db);
+        assert!(
+            committed.len() >= kill_after,
+            "an acknowledged turn was lost"
+        );
+        for (turn, tokens) in &acked {
+            assert_eq!(
+                &format!("{:?}", committed[*turn]),
+                tokens,
+                "acknowledged reply {turn}"
+            );
+        }
+        // Restart: the rest of the conversation is served as if nothing happened.
+        let got = continue_script(&db, |_, _| {});
+        assert_eq!(got, want, "kill after {kill_after}");
+        let _ = std::fs::remove_dir_all(db.parent().unwrap());
+    }
+}
