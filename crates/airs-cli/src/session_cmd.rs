@@ -91,32 +91,17 @@ pub fn parse_priority(s: &str) -> Result<Priority, String> {
     s.parse()
 }
 
-/// A byte size with an optional binary unit: `256K`, `64M`, `1G`, `1.5GiB`, `1048576`.
+/// A non-zero byte size such as `256K` or `64M` ([`crate::fit::parse_size`]'s units).
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        other => return Err(format!("unknown unit {other:?} in {s:?} (K, M or G)")),
-    };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 256K, 64M)"))?;
-    let bytes = value * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 1.0 || bytes >= usize::MAX as f64 {
-        return Err(format!("size {s:?} is out of range"));
+    let bytes = crate::fit::parse_size(s)?;
+    match usize::try_from(bytes) {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!("size {s:?} is out of range")),
     }
-    Ok(bytes.round() as usize)
 }
 
 fn threads(t: Option<usize>) -> usize {
-    t.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    t.unwrap_or_else(crate::run::default_threads)
 }
 
 pub fn run(args: SessionArgs) -> anyhow::Result<()> {
