@@ -609,12 +609,13 @@ pub(crate) fn repack_scalar(
 }
 
 /// Per-block activation values shared by all rows of a decode call: legacy `dy` (and for the
-/// affine types `dy·Σy`) per block; k-quants `dy` per superblock and the i16 pairs
-/// `(Σy_{2i}, Σy_{2i+1})` of sub-block sums.
+/// affine types `dy·Σy`) per block; k-quants `dy` per superblock and the 32-value sub-block
+/// sums `Σy_j` (also as i16 pairs `(Σy_{2i}, Σy_{2i+1})`).
 pub(crate) struct ActSide {
     pub(crate) dy: Vec<f32>,
     pub(crate) ms: Vec<f32>,
     pub(crate) sy_pairs: Vec<i32>,
+    pub(crate) sy: Vec<i32>,
 }
 
 impl ActSide {
@@ -623,6 +624,7 @@ impl ActSide {
             dy: Vec::new(),
             ms: Vec::new(),
             sy_pairs: Vec::new(),
+            sy: Vec::new(),
         };
         match kind(ty) {
             Some((Kind::Legacy { min }, _)) => {
@@ -645,6 +647,7 @@ impl ActSide {
                         let lo = bsum(4 * i) + bsum(4 * i + 1);
                         let hi = bsum(4 * i + 2) + bsum(4 * i + 3);
                         s.sy_pairs.push((lo & 0xFFFF) | (hi << 16));
+                        s.sy.extend([lo, hi]);
                     }
                 }
             }

@@ -1,19 +1,25 @@
-//! AVX-512 VNNI decode kernels (one activation row): 16 weight rows per pass, one row per
+//! AVX-512 VNNI decode kernels (one activation row), 16 weight rows per pass with one row per
 //! 32-bit lane of the result, bit-identical to the scalar reference (and so to the tiled
 //! prefill kernels).
 //!
-//! Per block, two rows' codes share one 512-bit register in their natural layout (row A in
-//! the low 256 bits, row B in the high), and one `vpdpbusd` against the activation block
-//! (broadcast to both halves) leaves 8 partial sums per row. Eight such registers (16 rows) are
-//! folded into one register of 16 exact row dots by a 3-stage add/shuffle tree (21 ops); the
-//! rows are assigned to registers so that the tree's output is in row order. Unsigned codes
-//! carry their type's offset (Q4_0: 8, Q5_0: 16, Q6_K: 32, Q8_0: 128 after `^ 0x80`), removed
-//! exactly by starting each register at `−offset · Σy` per lane. The float steps per block (or
-//! superblock) then run once for all 16 rows, exactly as in the scalar reference.
+//! Legacy quants: per block, two rows' codes share one 512-bit register in their natural
+//! layout (row A in the low 256 bits, row B in the high), and one `vpdpbusd` against the
+//! activation block (broadcast to both halves) leaves 8 partial sums per row. Eight such
+//! registers (16 rows) are folded into one register of 16 exact row dots by a 3-stage
+//! add/shuffle tree (21 ops); the rows are assigned to registers so that the tree's output is
+//! in row order. Unsigned codes carry their type's offset (Q4_0: 8, Q5_0: 16, Q8_0: 128 after
+//! `^ 0x80`), removed exactly by starting each register at `−offset · Σy` per lane. The float
+//! steps then run once per block for all 16 rows, as in the scalar reference. The 16 rows are
+//! read as 16 interleaved streams, so each pass prefetches a later group of rows.
 //!
-//! Compared with the per-row dot (`legacy::x86`), the activation block, its scale and offset
-//! sum are loaded once per 16 rows, the scale arithmetic is vectorized across rows, and there
-//! is no per-row call, horizontal sum or tail: ≈ 100 vector ops per 16 rows × 32 Q5_0 weights.
+//! K-quants: two phases. Phase 1 reads each row in memory order and forms, per superblock,
+//! the exact integers `Σ sc·sumi` and `Σ m·Σy` with ggml's VNNI structure; phase 2 replays the
+//! scalar reference's float steps for the 16 rows at once from that small buffer.
+//!
+//! Cost (Zen 5, one core, weights in cache): Q8_0 ≈ 55, Q5_0 / Q4_0 ≈ 30, Q4_K ≈ 35, Q6_K ≈
+//! 50 GB/s of weights — above one core's share of DRAM bandwidth; from DRAM with 2 threads
+//! the legacy kernels match or beat the per-row dot, the k-quant ones reach ≈ 75 % of it (the
+//! per-superblock horizontal sums that exactness needs).
 
 use std::arch::x86_64::*;
 
@@ -68,18 +74,6 @@ fn fold_stages(z: &[__m512i; 8]) -> (__m512i, __m512i) {
 fn fold32(z: &[__m512i; 8]) -> __m512i {
     let (t0, t1) = fold_stages(z);
     _mm512_add_epi32(
-        _mm512_shuffle_i32x4::<0b10_00_10_00>(t0, t1),
-        _mm512_shuffle_i32x4::<0b11_01_11_01>(t0, t1),
-    )
-}
-
-/// For registers holding two 16-value sub-blocks per row (row A: lanes 0 and 1, row B: lanes 2
-/// and 3), the 16 row sums of the first and of the second sub-block.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn split16(z: &[__m512i; 8]) -> (__m512i, __m512i) {
-    let (t0, t1) = fold_stages(z);
-    (
         _mm512_shuffle_i32x4::<0b10_00_10_00>(t0, t1),
         _mm512_shuffle_i32x4::<0b11_01_11_01>(t0, t1),
     )
@@ -157,20 +151,21 @@ impl Rows {
         unsafe { self.base.add(self.clamp[r] * self.row_bytes + off) }
     }
 
-    /// Prefetch (into L2) part `part` of `parts` of a later group of 16 rows (the first one at
-    /// least 16 KiB ahead): the rows are contiguous, and a pass reads its 16 rows as 16
-    /// interleaved streams, which the hardware prefetchers do not follow well.
+    /// Prefetch part `part` of `parts` of a later group of 16 rows (the first one at least
+    /// 32 KiB ahead; measured best on Zen 5 against 16 KiB and L2-only hints): the rows are
+    /// contiguous, and a pass reads its 16 rows as 16 interleaved streams, which the hardware
+    /// prefetchers do not follow well.
     #[inline]
     fn prefetch_next(&self, part: usize, parts: usize) {
         let group = ROWS * self.row_bytes;
         let lines = group.div_ceil(64).div_ceil(parts);
-        // At least ≈ 16 KiB ahead (several DRAM latencies at the bandwidth of one core).
-        let ahead = group * (16usize << 10).div_ceil(group);
+        // At least 32 KiB ahead (several DRAM latencies at the bandwidth of one core).
+        let ahead = group * (32usize << 10).div_ceil(group);
         let start = self.base.wrapping_add(ahead + 64 * lines * part);
         for l in 0..lines {
-            // SAFETY: `prefetcht1` is a hint: it never faults and has no visible effect,
+            // SAFETY: `prefetcht0` is a hint: it never faults and has no visible effect,
             // whatever the address (`wrapping_add` keeps the pointer arithmetic defined).
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(64 * l).cast()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(64 * l).cast()) };
         }
     }
 
@@ -221,9 +216,24 @@ pub(super) unsafe fn run(
         "decode geometry"
     );
     let side = ActSide::new(ty, n, act);
+    let q6k_init: Vec<__m512i> = if ty == G::Q6K {
+        act.as_chunks::<292>().0[..n / 256]
+            .iter()
+            .flat_map(|y| {
+                (0..4).map(|i| {
+                    // SAFETY: bytes 4 + 64i .. 68 + 64i of the superblock are readable.
+                    let v = unsafe { _mm512_loadu_si512(y[4 + 64 * i..].as_ptr().cast()) };
+                    neg_offset(32, v)
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     for r0 in (0..rows).step_by(ROWS) {
         let nrows = (rows - r0).min(ROWS);
-        let g = Rows::new(w[r0 * row_bytes..].as_ptr(), row_bytes, nrows);
+        let group = &w[r0 * row_bytes..(r0 + nrows) * row_bytes];
+        let g = Rows::new(group.as_ptr(), row_bytes, nrows);
         // SAFETY: `g` addresses rows r0..r0+nrows of `w` (clamped), `act` and `side` are the
         // activation row of this geometry (asserted), and every kernel reads only inside the
         // blocks its layout names; CPU features are this fn's.
@@ -234,9 +244,9 @@ pub(super) unsafe fn run(
                 G::Q5_0 => legacy::<2>(&g, n / 32, act, &side),
                 G::Q4_1 => legacy::<3>(&g, n / 32, act, &side),
                 G::Q5_1 => legacy::<4>(&g, n / 32, act, &side),
-                G::Q4K => k4::<false>(&g, n / 256, act, &side),
-                G::Q5K => k4::<true>(&g, n / 256, act, &side),
-                G::Q6K => q6k(&g, n / 256, act, &side),
+                G::Q4K => k4::<false>(group, row_bytes, n / 256, act, &side),
+                G::Q5K => k4::<true>(group, row_bytes, n / 256, act, &side),
+                G::Q6K => q6k(group, row_bytes, n / 256, act, &side, &q6k_init),
                 _ => unreachable!("decode kernel for {ty}"),
             }
         };
@@ -246,7 +256,7 @@ pub(super) unsafe fn run(
     }
 }
 
-/// Legacy types: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1.
+/// Legacy types: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; 16 rows in lanes.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; `g` addresses ≥ 1 rows of `nb` blocks of the type; `act` holds `nb`
@@ -263,13 +273,13 @@ unsafe fn legacy<const TY: u8>(g: &Rows, nb: usize, act: &[u8], side: &ActSide) 
     };
     let affine = TY >= 3;
     let blocks = act.as_chunks::<34>().0;
-    assert!(blocks.len() >= nb && side.dy.len() >= nb);
+    assert!(blocks.len() >= nb && side.dy.len() >= nb && (!affine || side.ms.len() >= nb));
     let mut f = _mm512_setzero_ps();
     for (b, y) in blocks.iter().take(nb).enumerate() {
         g.prefetch_next(b, nb);
-        // SAFETY: every row pointer is `g.at(r, bytes·b + k)` with
-        // k + length ≤ `bytes` (qs at `qs_off`, 16 or 32 bytes; qh at `qh_off`, 4 bytes; d at
-        // 0, 4 bytes incl. the next field), inside block b of an existing row.
+        // SAFETY: every row pointer is `g.at(r, bytes·b + k)` with k + length ≤ `bytes` (qs at
+        // `qs_off`, 16 or 32 bytes; qh at `qh_off`, 4 bytes; d at 0, 4 bytes incl. the next
+        // field), inside block b of an existing row.
         unsafe {
             let qy = _mm512_broadcast_i64x4(load256(y[2..].as_ptr()));
             let init = if off == 0 {
@@ -310,178 +320,279 @@ unsafe fn legacy<const TY: u8>(g: &Rows, nb: usize, act: &[u8], side: &ActSide) 
     f
 }
 
-/// Q4_K (`FIVE` = false) and Q5_K.
-///
-/// # Safety
-/// As [`legacy`], with `nsb` superblocks and Q8_K activations.
+// ---------------------------------------------------------------------------------------------
+// K-quants: two phases. Phase 1 walks each row in memory order (one sequential stream, which
+// the hardware prefetchers follow; 16 interleaved rows did not stream well from DRAM) and
+// computes per superblock the exact integers `isum = Σ sc·sumi` and `summ = Σ m·Σy` plus the
+// row's f16 factors, into a small buffer laid out lane = row. Phase 2 replays the scalar
+// reference's float steps for 16 rows at once: `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
+
+/// Per superblock of a 16-row group: `isum`, `summ` (i32), `d`, `dmin` (f16 bits), 16 lanes
+/// each.
+type KBuf = Vec<[[u32; ROWS]; 4]>;
+
+/// Phase 2: the float steps over the phase-1 buffer, lane r = row r.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn k4<const FIVE: bool>(g: &Rows, nsb: usize, act: &[u8], side: &ActSide) -> __m512 {
-    let (bytes, qs_off) = if FIVE { (176, 48) } else { (144, 16) };
-    let sbs = act.as_chunks::<292>().0;
-    assert!(sbs.len() >= nsb && side.dy.len() >= nsb && side.sy_pairs.len() >= 4 * nsb);
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
-    let m4w = _mm512_set1_epi32(0x0f0f_0f0f);
-    let m30 = _mm512_set1_epi32(0x3030_3030);
-    let byte0 = _mm512_set1_epi32(0xFF);
-    let byte2 = _mm512_set1_epi32(0xFF_0000);
+fn k_replay(buf: &KBuf, dy: &[f32], min: bool) -> __m512 {
     let mut f = _mm512_setzero_ps();
-    for (s, y) in sbs.iter().take(nsb).enumerate() {
-        let base = bytes * s;
-        g.prefetch_next(s, nsb);
-        // SAFETY: row reads are inside superblock s of existing rows: header at
-        // +0..16, qh at +16..48 (Q5_K), qs at `qs_off`..+128; activation reads inside `y`.
-        unsafe {
-            let dd = g.gather(base);
-            let (a0, a1, a2) = (g.gather(base + 4), g.gather(base + 8), g.gather(base + 12));
-            let sc_lo = _mm512_and_si512(a0, m6);
-            let m_lo = _mm512_and_si512(a1, m6);
-            let sc_hi = _mm512_or_si512(
-                _mm512_and_si512(a2, m4w),
-                _mm512_and_si512(_mm512_srli_epi32::<2>(a0), m30),
-            );
-            let m_hi = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi32::<4>(a2), m4w),
-                _mm512_and_si512(_mm512_srli_epi32::<2>(a1), m30),
-            );
-            let mut qh = [_mm512_setzero_si512(); 8];
-            if FIVE {
-                for (p, &(ra, rb)) in PAIR_ROWS.iter().enumerate() {
-                    qh[p] = join(load256(g.at(ra, base + 16)), load256(g.at(rb, base + 16)));
-                }
-            }
-            let mut isum = _mm512_setzero_si512();
-            for pair in 0..4 {
-                let y_lo = _mm512_broadcast_i64x4(load256(y[4 + 64 * pair..].as_ptr()));
-                let y_hi = _mm512_broadcast_i64x4(load256(y[36 + 64 * pair..].as_ptr()));
-                let (mut zl, mut zh) = ([_mm512_setzero_si512(); 8], [_mm512_setzero_si512(); 8]);
-                for (p, &(ra, rb)) in PAIR_ROWS.iter().enumerate() {
-                    let o = base + qs_off + 32 * pair;
-                    let v = join(load256(g.at(ra, o)), load256(g.at(rb, o)));
-                    let mut lo = _mm512_and_si512(v, m4);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    if FIVE {
-                        let bit_lo = _mm512_set1_epi8((1u8 << (2 * pair)) as i8);
-                        let bit_hi = _mm512_set1_epi8((2u8 << (2 * pair)) as i8);
-                        let sixteen = _mm512_set1_epi8(16);
-                        lo = _mm512_mask_add_epi8(
-                            lo,
-                            _mm512_test_epi8_mask(qh[p], bit_lo),
-                            lo,
-                            sixteen,
-                        );
-                        hi = _mm512_mask_add_epi8(
-                            hi,
-                            _mm512_test_epi8_mask(qh[p], bit_hi),
-                            hi,
-                            sixteen,
-                        );
-                    }
-                    zl[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, y_lo);
-                    zh[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, y_hi);
-                }
-                let (j_lo, j_hi) = (2 * pair as u32, 2 * pair as u32 + 1);
-                let sc = |j: u32| {
-                    let w = if j < 4 { sc_lo } else { sc_hi };
-                    _mm512_and_si512(
-                        _mm512_srl_epi32(w, _mm_cvtsi32_si128(8 * (j % 4) as i32)),
-                        byte0,
-                    )
-                };
-                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(fold32(&zl), sc(j_lo)));
-                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(fold32(&zh), sc(j_hi)));
-            }
-            let mut summ = _mm512_setzero_si512();
-            for (i, m) in [m_lo, m_hi].into_iter().enumerate() {
-                let p01 = _mm512_or_si512(
-                    _mm512_and_si512(m, byte0),
-                    _mm512_and_si512(_mm512_slli_epi32::<8>(m), byte2),
-                );
-                let p23 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi32::<16>(m), byte0),
-                    _mm512_and_si512(_mm512_srli_epi32::<8>(m), byte2),
-                );
-                let sy01 = _mm512_set1_epi32(side.sy_pairs[4 * s + 2 * i]);
-                let sy23 = _mm512_set1_epi32(side.sy_pairs[4 * s + 2 * i + 1]);
-                summ = _mm512_dpwssd_epi32(summ, p01, sy01);
-                summ = _mm512_dpwssd_epi32(summ, p23, sy23);
-            }
-            let dy = _mm512_set1_ps(side.dy[s]);
-            let d = f16_lo(dd);
-            let dmin = f16_lo(_mm512_srli_epi32::<16>(dd));
-            let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum));
+    for (sb, &dy) in buf.iter().zip(dy) {
+        // SAFETY: each array is 16 readable u32.
+        let [isum, summ, d, dmin] = sb.map(|v| unsafe { _mm512_loadu_si512(v.as_ptr().cast()) });
+        let dy = _mm512_set1_ps(dy);
+        let d = f16_lo(d);
+        let mut term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum));
+        if min {
+            let dmin = f16_lo(dmin);
             let m_term = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ));
-            f = _mm512_add_ps(f, _mm512_sub_ps(term, m_term));
+            term = _mm512_sub_ps(term, m_term);
         }
+        f = _mm512_add_ps(f, term);
     }
     f
 }
 
-/// Q6_K.
+/// Prefetch the `bytes` bytes that lie `PREFETCH_AHEAD` bytes past `p` (the row data a
+/// sequential walk reads a few superblocks later; rows are contiguous, so this runs into the
+/// next rows).
+#[inline]
+fn prefetch_ahead(p: *const u8, bytes: usize) {
+    let start = p.wrapping_add(PREFETCH_AHEAD);
+    for l in 0..bytes.div_ceil(64) {
+        // SAFETY: `prefetcht0` is a hint: it never faults and has no visible effect, whatever
+        // the address (`wrapping_add` keeps the pointer arithmetic defined).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(64 * l).cast()) };
+    }
+}
+
+/// Prefetch distance of the sequential k-quant walk (12 KiB matched the per-row kernels from
+/// DRAM on Zen 5; 2 KiB left them 25 % behind).
+const PREFETCH_AHEAD: usize = 12288;
+
+/// The little-endian u16 at `p`, zero-extended.
+#[inline]
+unsafe fn u16_at(p: *const u8) -> u32 {
+    // SAFETY: the caller passes 2 readable bytes.
+    u32::from(unsafe { p.cast::<u16>().read_unaligned() })
+}
+
+/// A `vpshufb` control whose 16-bit lane i (of every 128-bit lane l) is byte `bytes[l][i]`
+/// of the source lane, zero-extended.
+const fn widen_ctrl(bytes: [[u8; 8]; 4]) -> [i64; 8] {
+    let mut q = [0i64; 8];
+    let mut l = 0;
+    while l < 4 {
+        let mut i = 0;
+        while i < 8 {
+            let v = bytes[l][i] as u16 | 0x8000;
+            q[2 * l + i / 4] |= (v as i64) << (16 * (i % 4));
+            i += 1;
+        }
+        l += 1;
+    }
+    q
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn vec8(q: [i64; 8]) -> __m512i {
+    _mm512_set_epi64(q[7], q[6], q[5], q[4], q[3], q[2], q[1], q[0])
+}
+
+/// `[a ×4, b ×4]`.
+const fn two(a: u8, b: u8) -> [u8; 8] {
+    [a, a, a, a, b, b, b, b]
+}
+
+/// The 12 packed 6-bit scales and mins of a Q4_K/Q5_K block (first 12 bytes of `v`) as bytes
+/// `[sc0..sc7, m0..m7]` (ggml's `get_scale_min_k4`, in vector registers).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_k4_scales(v: __m128i) -> __m128i {
+    // u32 lanes: a0 = bytes 0..4, a1 = 4..8, a2 = 8..12.
+    let p = _mm_shuffle_epi32::<0b10_01_10_00>(v); // [a0, a2, a1, a2]
+    let p = _mm_srlv_epi32(p, _mm_set_epi32(4, 0, 0, 0));
+    let p = _mm_and_si128(
+        p,
+        _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f),
+    );
+    let q = _mm_shuffle_epi32::<0b01_01_00_00>(v); // [a0, a0, a1, a1]
+    let q = _mm_and_si128(
+        _mm_srli_epi32::<2>(q),
+        _mm_set_epi32(0x30303030, 0, 0x30303030, 0),
+    );
+    _mm_or_si128(p, q)
+}
+
+/// Q4_K (`FIVE` = false) and Q5_K over ≤ 16 whole rows at `w`. Per superblock and row, the
+/// exact integers as ggml's AVX-512 VNNI code forms them: `vpdpbusd` sums of 4 products (at
+/// most 4·31·127, so `vpackssdw` to i16 is exact), then `vpmaddwd` / `vpdpwssd` apply the
+/// scales of 4 sub-blocks at once; mins via `vpmaddwd` on the activation's 16-value sums.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `w` holds ≤ 16 rows of `row_bytes` = `nsb` superblocks; `act` is
+/// the Q8_K activation row and `side` was built from it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn k4<const FIVE: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    nsb: usize,
+    act: &[u8],
+    side: &ActSide,
+) -> __m512 {
+    let (bytes, qs_off) = if FIVE { (176, 48) } else { (144, 16) };
+    let sbs = act.as_chunks::<292>().0;
+    assert!(
+        sbs.len() >= nsb
+            && side.dy.len() >= nsb
+            && row_bytes == nsb * bytes
+            && w.len() <= ROWS * row_bytes
+    );
+    let m4 = _mm512_set1_epi8(0x0F);
+    // packs(r0, r1) holds sub-blocks [0, 2] in 128-bit lanes 0-1 and [1, 3] in lanes 2-3.
+    let shuf01 = vec8(const { widen_ctrl([two(0, 2), two(0, 2), two(1, 3), two(1, 3)]) });
+    let shuf23 = vec8(const { widen_ctrl([two(4, 6), two(4, 6), two(5, 7), two(5, 7)]) });
+    // i16 lane k of each 256-bit half: m_{k/2} (byte 8 + k/2).
+    let mins_ctrl = vec8(
+        const {
+            widen_ctrl([
+                [8, 8, 9, 9, 10, 10, 11, 11],
+                [12, 12, 13, 13, 14, 14, 15, 15],
+                [8, 8, 9, 9, 10, 10, 11, 11],
+                [12, 12, 13, 13, 14, 14, 15, 15],
+            ])
+        },
+    );
+    let mut buf: KBuf = vec![[[0; ROWS]; 4]; nsb];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        for (s, y) in sbs.iter().take(nsb).enumerate() {
+            let x = &row[bytes * s..bytes * (s + 1)];
+            prefetch_ahead(x.as_ptr(), bytes);
+            // SAFETY: all reads are inside superblock `x` (scales at +4..20 of which 12 are
+            // used, qh at +16..48, qs at `qs_off`..+128) and the activation superblock `y`
+            // (codes at +4..260, sums at +260..292).
+            unsafe {
+                let sc = _mm512_broadcast_i32x4(unpack_k4_scales(_mm_loadu_si128(
+                    x[4..].as_ptr().cast(),
+                )));
+                let bsums = load256(y[260..].as_ptr());
+                let mins = _mm256_madd_epi16(
+                    bsums,
+                    _mm256_shuffle_epi8(
+                        _mm512_castsi512_si256(sc),
+                        _mm512_castsi512_si256(mins_ctrl),
+                    ),
+                );
+                let qh = if FIVE {
+                    _mm512_broadcast_i64x4(load256(x[16..].as_ptr()))
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let dots: [__m512i; 4] = std::array::from_fn(|j| {
+                    let q = load256(x[qs_off + 32 * j..].as_ptr());
+                    let q = join(q, _mm256_srli_epi16::<4>(q));
+                    let mut codes = _mm512_and_si512(q, m4);
+                    if FIVE {
+                        let bits = join(
+                            _mm256_set1_epi8((1u8 << (2 * j)) as i8),
+                            _mm256_set1_epi8((2u8 << (2 * j)) as i8),
+                        );
+                        let k = _mm512_test_epi8_mask(qh, bits);
+                        codes = _mm512_mask_add_epi8(codes, k, codes, _mm512_set1_epi8(16));
+                    }
+                    let yv = _mm512_loadu_si512(y[4 + 64 * j..].as_ptr().cast());
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, yv)
+                });
+                let p01 = _mm512_packs_epi32(dots[0], dots[1]);
+                let p23 = _mm512_packs_epi32(dots[2], dots[3]);
+                let sumi = _mm512_dpwssd_epi32(
+                    _mm512_madd_epi16(p01, _mm512_shuffle_epi8(sc, shuf01)),
+                    p23,
+                    _mm512_shuffle_epi8(sc, shuf23),
+                );
+                let out = &mut buf[s];
+                out[0][r] = _mm512_reduce_add_epi32(sumi) as u32;
+                out[1][r] = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(mins)) as u32;
+                out[2][r] = u16_at(x.as_ptr());
+                out[3][r] = u16_at(x[2..].as_ptr());
+            }
+        }
+    }
+    k_replay(&buf, &side.dy, true)
+}
+
+/// Q6_K over `nrows` ≤ 16 whole rows at `w`; `init[4s + i]` is `−32 · Σ4y` per lane of the
+/// activation's 64-byte quarter i of superblock s (removes the −32 offset exactly).
 ///
 /// # Safety
 /// As [`k4`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6k(g: &Rows, nsb: usize, act: &[u8], side: &ActSide) -> __m512 {
+unsafe fn q6k(
+    w: &[u8],
+    row_bytes: usize,
+    nsb: usize,
+    act: &[u8],
+    side: &ActSide,
+    init: &[__m512i],
+) -> __m512 {
     let sbs = act.as_chunks::<292>().0;
-    assert!(sbs.len() >= nsb && side.dy.len() >= nsb);
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m3 = _mm512_set1_epi8(0x03);
-    let mut f = _mm512_setzero_ps();
-    for (s, y) in sbs.iter().take(nsb).enumerate() {
-        let base = 210 * s;
-        g.prefetch_next(s, nsb);
-        // SAFETY: row reads are inside superblock s of existing rows: ql at
-        // +0..128, qh at +128..192, scales at +192..208, d at +208..210 (read via +206..210);
-        // activation reads inside `y`.
-        unsafe {
-            let d = f16_lo(_mm512_srli_epi32::<16>(g.gather(base + 206)));
-            let scw = [
-                g.gather(base + 192),
-                g.gather(base + 196),
-                g.gather(base + 200),
-                g.gather(base + 204),
-            ];
-            let sc = |i: usize| {
-                let v = _mm512_sll_epi32(scw[i / 4], _mm_cvtsi32_si128(24 - 8 * (i % 4) as i32));
-                _mm512_srai_epi32::<24>(v)
-            };
-            let mut isum = _mm512_setzero_si512();
-            for h in 0..2 {
-                for k in 0..4 {
-                    // Sub-blocks j = 8h + 2k and j + 1: elements 0..32 of quarter k of half h.
-                    let j = 8 * h + 2 * k;
-                    let qy = _mm512_broadcast_i64x4(load256(y[4 + 128 * h + 32 * k..].as_ptr()));
-                    let init = neg_offset(32, qy);
-                    let mut z = [_mm512_setzero_si512(); 8];
-                    for (p, &(ra, rb)) in PAIR_ROWS.iter().enumerate() {
-                        let lo_off = base + 64 * h + 32 * (k % 2);
-                        let qh_off = base + 128 + 32 * h;
-                        let ql = join(load256(g.at(ra, lo_off)), load256(g.at(rb, lo_off)));
-                        let qh = join(load256(g.at(ra, qh_off)), load256(g.at(rb, qh_off)));
-                        let lo = if k < 2 {
-                            ql
-                        } else {
-                            _mm512_srli_epi16::<4>(ql)
-                        };
-                        let hb = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
-                        let codes = _mm512_or_si512(
-                            _mm512_and_si512(lo, m4),
-                            _mm512_slli_epi16::<4>(_mm512_and_si512(hb, m3)),
-                        );
-                        z[p] = _mm512_dpbusd_epi32(init, codes, qy);
-                    }
-                    let (d0, d1) = split16(&z);
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(d0, sc(j)));
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(d1, sc(j + 1)));
+    assert!(
+        sbs.len() >= nsb
+            && side.dy.len() >= nsb
+            && init.len() >= 4 * nsb
+            && row_bytes == nsb * 210
+            && w.len() <= ROWS * row_bytes
+    );
+    let m0f = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let sl = join(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    let sr = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2));
+    let quads = [
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+    ];
+    let mut buf: KBuf = vec![[[0; ROWS]; 4]; nsb];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        for (s, y) in sbs.iter().take(nsb).enumerate() {
+            let x = &row[210 * s..210 * (s + 1)];
+            prefetch_ahead(x.as_ptr(), 210);
+            // SAFETY: all reads are inside superblock `x` (ql +0..128, qh +128..192, scales
+            // +192..208, d +208..210) and the activation superblock `y` (codes +4..260).
+            unsafe {
+                let mut isum = _mm512_setzero_si512();
+                for h in 0..2 {
+                    let ql = _mm512_loadu_si512(x[64 * h..].as_ptr().cast());
+                    let qh = _mm512_broadcast_i64x4(load256(x[128 + 32 * h..].as_ptr()));
+                    // Weights 128h..+64 (sub-blocks 8h..8h+4) and 128h+64..+128 (8h+4..8h+8).
+                    let lo = _mm512_ternarylogic_epi64::<0xCA>(
+                        m0f,
+                        ql,
+                        _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30),
+                    );
+                    let hi = _mm512_ternarylogic_epi64::<0xCA>(
+                        m0f,
+                        _mm512_srli_epi16::<4>(ql),
+                        _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30),
+                    );
+                    let ylo = _mm512_loadu_si512(y[4 + 128 * h..].as_ptr().cast());
+                    let yhi = _mm512_loadu_si512(y[68 + 128 * h..].as_ptr().cast());
+                    let dlo = _mm512_dpbusd_epi32(init[4 * s + 2 * h], lo, ylo);
+                    let dhi = _mm512_dpbusd_epi32(init[4 * s + 2 * h + 1], hi, yhi);
+                    let sc8 = _mm_loadl_epi64(x[192 + 8 * h..].as_ptr().cast());
+                    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi32(sc8));
+                    let (sc_lo, sc_hi) = (
+                        _mm512_permutexvar_epi32(quads[0], sc),
+                        _mm512_permutexvar_epi32(quads[1], sc),
+                    );
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dlo, sc_lo));
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dhi, sc_hi));
                 }
+                buf[s][0][r] = _mm512_reduce_add_epi32(isum) as u32;
+                buf[s][2][r] = u16_at(x[208..].as_ptr());
             }
-            let dy = _mm512_set1_ps(side.dy[s]);
-            let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum));
-            f = _mm512_add_ps(f, term);
         }
     }
-    f
+    k_replay(&buf, &side.dy, false)
 }

@@ -1,0 +1,164 @@
+//! Decode from DRAM with 1 and 2 threads: one activation row against weight matrices that do
+//! not fit in the caches (a ring of copies ≥ 256 MiB), rows split between the threads as the
+//! engine splits them (chunks of 64 rows handed out in turn). Reports GB/s of weight bytes.
+//!
+//! Modes: `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot` call
+//! per row, what `matmul` did before). Each case reports the fastest of several passes over
+//! the ring, so a noisy machine mostly costs time, not accuracy.
+//!
+//! `cargo bench -p airs-kernels --bench decode_dram [-- FILTER...]`.
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use airs_kernels::{GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes};
+
+/// (type, rows, n): Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and ffn_down (Q4_K/Q6_K), TinyLlama ffn.
+const CASES: [(GgmlType, usize, usize); 7] = [
+    (GgmlType::Q5_0, 4864, 896),
+    (GgmlType::Q8_0, 4864, 896),
+    (GgmlType::Q4_0, 4864, 896),
+    (GgmlType::Q4K, 896, 4864),
+    (GgmlType::Q6K, 896, 4864),
+    (GgmlType::Q4K, 5632, 2048),
+    (GgmlType::Q6K, 2048, 5632),
+];
+
+const RING_BYTES: usize = 256 << 20;
+const CHUNK: usize = 64;
+
+fn floats(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
+    let isa = Isa::detect();
+    println!("{:<36} {:>10} {:>8}", "case", "µs/matvec", "GB/s");
+    for (ty, rows, n) in CASES {
+        let wrb = row_bytes(ty, n).unwrap();
+        let matrix = rows * wrb;
+        let distinct: Vec<Vec<u8>> = (0..16)
+            .map(|r| {
+                let mut q = vec![0u8; wrb];
+                quantize_row(ty, &floats(n, r), &mut q).unwrap();
+                q
+            })
+            .collect();
+        let copies = RING_BYTES.div_ceil(matrix);
+        let ring: Vec<Vec<u8>> = (0..copies)
+            .map(|c| {
+                (0..rows)
+                    .flat_map(|r| distinct[(r + c) % 16].clone())
+                    .collect()
+            })
+            .collect();
+        let act = act_type(ty).unwrap();
+        let mut a = vec![0u8; act.row_bytes(n)];
+        quantize_act(act, &floats(n, 99), &mut a).unwrap();
+        for threads in [1usize, 2] {
+            for mode in ["matmul", "rowdot"] {
+                let label = format!("{} {rows}x{n} t{threads} {mode}", ty.name());
+                if !wanted(&label) {
+                    continue;
+                }
+                let passes = 4;
+                let mut best = f64::INFINITY;
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < deadline || best.is_infinite() {
+                    let barrier = Barrier::new(threads);
+                    let elapsed = std::thread::scope(|s| {
+                        let handles: Vec<_> = (0..threads)
+                            .map(|me| {
+                                let (barrier, ring, a) = (&barrier, &ring, &a);
+                                s.spawn(move || {
+                                    let mut out = vec![0f32; rows];
+                                    barrier.wait();
+                                    let start = Instant::now();
+                                    for _ in 0..passes {
+                                        for m in ring.iter() {
+                                            let geometry = (n, wrb, rows);
+                                            run_one(
+                                                isa,
+                                                ty,
+                                                geometry,
+                                                (me, threads),
+                                                m,
+                                                a,
+                                                &mut out,
+                                                mode,
+                                            );
+                                        }
+                                    }
+                                    black_box(&out);
+                                    start.elapsed()
+                                })
+                            })
+                            .collect();
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().unwrap())
+                            .max()
+                            .unwrap()
+                    });
+                    let per = elapsed.as_secs_f64() / (passes * ring.len()) as f64;
+                    best = best.min(per);
+                }
+                println!(
+                    "{label:<36} {:>10.1} {:>8.2}",
+                    best * 1e6,
+                    matrix as f64 / best / 1e9
+                );
+            }
+        }
+    }
+}
+
+/// One matrix-vector product, this thread's share of the rows: thread `me` takes chunks
+/// me, me + threads, … (the engine's dynamic chunking without the shared counter).
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    isa: Isa,
+    ty: GgmlType,
+    (n, wrb, rows): (usize, usize, usize),
+    (me, threads): (usize, usize),
+    m: &[u8],
+    a: &[u8],
+    out: &mut [f32],
+    mode: &str,
+) {
+    for c in (me..rows.div_ceil(CHUNK)).step_by(threads) {
+        let r0 = c * CHUNK;
+        let r1 = (r0 + CHUNK).min(rows);
+        let w = &m[r0 * wrb..r1 * wrb];
+        if mode == "matmul" {
+            matmul(
+                isa,
+                ty,
+                n,
+                black_box(w),
+                black_box(a),
+                &mut out[r0..r1],
+                r1 - r0,
+            )
+            .unwrap();
+        } else {
+            for (r, w) in w.chunks_exact(wrb).enumerate() {
+                out[r0 + r] = dot(isa, ty, n, black_box(w), black_box(a)).unwrap();
+            }
+        }
+    }
+}
