@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use airs_kernels::{GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes};
 
-/// (type, rows, n): Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and ffn_down (Q4_K/Q6_K), TinyLlama ffn.
-const CASES: [(GgmlType, usize, usize); 7] = [
+/// (type, rows, n): Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and ffn_down (Q4_K/Q6_K), TinyLlama
+/// ffn_up and ffn_down (Q4_K_M and Q8_0 files).
+const CASES: [(GgmlType, usize, usize); 9] = [
     (GgmlType::Q5_0, 4864, 896),
     (GgmlType::Q8_0, 4864, 896),
     (GgmlType::Q4_0, 4864, 896),
@@ -23,6 +24,8 @@ const CASES: [(GgmlType, usize, usize); 7] = [
     (GgmlType::Q6K, 896, 4864),
     (GgmlType::Q4K, 5632, 2048),
     (GgmlType::Q6K, 2048, 5632),
+    (GgmlType::Q8_0, 5632, 2048),
+    (GgmlType::Q8_0, 2048, 5632),
 ];
 
 const RING_BYTES: usize = 256 << 20;
