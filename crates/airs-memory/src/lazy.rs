@@ -7,7 +7,7 @@
 //!   padded with zeros). A fault inside a layer also counts as a layer hint.
 //! - the **background thread** prefetches layers k+1 ..= k+`prefetch_layers` after
 //!   `enter_layer(k)`, and otherwise fills the rest in inference order (header, layers, output,
-//!   embedding table last), one chunk at a time, yielding to pending faults between chunks. When
+//!   embedding table last), a few chunk reads in flight, yielding to pending faults between chunks. When
 //!   every chunk is loaded it stops the handler, unregisters, collapses to huge pages, makes the
 //!   region read-only, pins it, and records the time.
 //!
@@ -16,8 +16,10 @@
 //! After a copy the file's page-cache pages are dropped (no double residency). A read error
 //! (truncated or vanished file) sets a sticky error, and every unloaded chunk is then zero-mapped
 //! so that no reader ever hangs; the region is left unpinned and `wait_resident` returns the error.
-//! Cost: two threads and two chunk buffers during the load; one pread + one UFFDIO_COPY per chunk.
+//! Cost: two threads and four chunk buffers during the load (the background thread keeps two
+//! chunk reads in flight while it copies the previous one); one pread + one UFFDIO_COPY per chunk.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -33,7 +35,7 @@ use crate::region::{
     ChunkBitmap, FinalizeOptions, Memory, ModelRegion, NO_LAYER, Notice, NoticeKind, Shared,
     Status, errno_name, finalize_anonymous, huge_pages_usable,
 };
-use crate::storage::Storage;
+use crate::storage::{Storage, sleep_until};
 use crate::sys::{self, AnonMapping};
 use crate::uffd::Userfaultfd;
 
@@ -172,6 +174,30 @@ struct Worker {
     fault_filled: Mutex<Vec<usize>>,
 }
 
+/// A chunk whose read was issued (and booked on the paced device) but not yet copied in.
+struct PendingChunk {
+    chunk: usize,
+    buf: Vec<u8>,
+    /// The read's result and when the device delivers it; `None` when an earlier error means
+    /// the chunk is to be zero-mapped.
+    read: Option<Result<Option<Instant>, MemoryError>>,
+}
+
+/// What [`Worker::next_fill`] found.
+enum NextFill {
+    /// This chunk, now claimed by the caller.
+    Chunk(usize),
+    /// A candidate another thread claimed first: look again at once.
+    Raced,
+    /// Nothing to fill now.
+    Nothing,
+}
+
+/// Chunk reads the background thread keeps booked on the device ahead of its copy. Two cover a
+/// late wake-up of up to one chunk's transfer time (21 ms for 2 MiB at 100 MB/s) while both
+/// cores compute; a fault's read waits behind at most these.
+const READS_IN_FLIGHT: usize = 2;
+
 enum Outcome {
     Done,
     Failed,
@@ -247,17 +273,50 @@ impl Worker {
 
     /// Loads chunk `c` (already claimed by the caller) into the region.
     fn fill_chunk(&self, c: usize, buf: &mut Vec<u8>) {
+        let pending = self.begin_chunk(c, std::mem::take(buf));
+        *buf = self.finish_chunk(pending);
+    }
+
+    /// Issues the read of chunk `c` (already claimed by the caller) into `buf`, booking its time
+    /// on the paced device, without waiting for it.
+    fn begin_chunk(&self, c: usize, mut buf: Vec<u8>) -> PendingChunk {
         let r = self.plan.chunk_range(c, self.shared.file_len);
         let (offset, len) = (r.start as usize, (r.end - r.start) as usize);
         let copy_len = sys::round_up(len, self.page_size).min(self.map.len() - offset);
-        if self.shared.error.get().is_none() {
+        let read = if self.shared.error.get().is_none() {
             if buf.len() < copy_len {
                 buf.resize(copy_len, 0);
             }
-            let loaded = self
-                .storage
-                .read_exact_at(r.start, &mut buf[..len])
-                .and_then(|()| {
+            Some(self.storage.read_booked(r.start, &mut buf[..len]))
+        } else {
+            None
+        };
+        PendingChunk {
+            chunk: c,
+            buf,
+            read,
+        }
+    }
+
+    /// Waits for the device to deliver a chunk begun by [`Worker::begin_chunk`], copies it into
+    /// the region and wakes its readers (or zero-maps it after an error). Returns the buffer.
+    fn finish_chunk(&self, pending: PendingChunk) -> Vec<u8> {
+        let PendingChunk {
+            chunk: c,
+            mut buf,
+            read,
+        } = pending;
+        let r = self.plan.chunk_range(c, self.shared.file_len);
+        let (offset, len) = (r.start as usize, (r.end - r.start) as usize);
+        let copy_len = sys::round_up(len, self.page_size).min(self.map.len() - offset);
+        if let Some(read) = read {
+            let ready = read.map(|ready_at| {
+                if let Some(t) = ready_at {
+                    sleep_until(t);
+                }
+            });
+            if self.shared.error.get().is_none() {
+                let loaded = ready.and_then(|()| {
                     buf[len..copy_len].fill(0);
                     self.uffd
                         .copy_all(self.map.addr() + offset, &buf[..copy_len], self.page_size)
@@ -269,20 +328,22 @@ impl Worker {
                             )
                         })
                 });
-            match loaded {
-                Ok(_) => {
-                    // Publish the chunk before waking its readers, so that a reader that sees the
-                    // bytes also sees them counted.
-                    self.done(c, len as u64);
-                    let _ = self.uffd.wake(self.map.addr() + offset, copy_len);
-                    self.storage.drop_cache(r.start, len as u64);
-                    return;
+                match loaded {
+                    Ok(_) => {
+                        // Publish the chunk before waking its readers, so that a reader that sees
+                        // the bytes also sees them counted.
+                        self.done(c, len as u64);
+                        let _ = self.uffd.wake(self.map.addr() + offset, copy_len);
+                        self.storage.drop_cache(r.start, len as u64);
+                        return buf;
+                    }
+                    Err(e) => self.fail(e),
                 }
-                Err(e) => self.fail(e),
             }
         }
         self.zero_fill(offset, copy_len);
         self.done(c, 0);
+        buf
     }
 
     fn done(&self, c: usize, bytes: u64) {
@@ -339,8 +400,12 @@ impl Worker {
         }
     }
 
+    /// The background thread's loop. It keeps up to [`READS_IN_FLIGHT`] chunk reads booked on
+    /// the device ahead of the chunk it is copying into the region, so the (paced) device does
+    /// not idle while the thread copies, collapses, or waits for a CPU.
     fn fill_loop(&self) -> Outcome {
-        let mut buf = Vec::new();
+        let mut spare: Vec<Vec<u8>> = Vec::new();
+        let mut in_flight: VecDeque<PendingChunk> = VecDeque::with_capacity(READS_IN_FLIGHT);
         let mut cursor = 0;
         let mut filler_next = Instant::now();
         loop {
@@ -348,6 +413,9 @@ impl Worker {
                 return Outcome::Stopped;
             }
             if self.shared.error.get().is_some() {
+                while let Some(p) = in_flight.pop_front() {
+                    spare.push(self.finish_chunk(p));
+                }
                 for c in 0..self.plan.chunk_count {
                     if self.claimed.try_set(c) {
                         let r = self.plan.chunk_range(c, self.shared.file_len);
@@ -365,58 +433,86 @@ impl Worker {
                 std::thread::park_timeout(Duration::from_millis(1));
                 continue;
             }
-            if self.shared.all_filled() {
+            if in_flight.is_empty() && self.shared.all_filled() {
                 return Outcome::Done;
-            }
-            if self.pending_faults.load(Ordering::Acquire) > 0 {
-                std::thread::sleep(Duration::from_micros(50));
-                continue;
             }
             let fault_filled =
                 std::mem::take(&mut *self.fault_filled.lock().unwrap_or_else(|e| e.into_inner()));
             for c in fault_filled {
                 self.collapse_completed_blocks(c);
             }
-            if let Some(c) = self.next_prefetch() {
-                if self.claimed.try_set(c) {
-                    self.fill_chunk(c, &mut buf);
-                    self.collapse_completed_blocks(c);
-                }
-                continue;
-            }
-            if self.background_fill {
-                let order = &self.plan.fill_order;
-                while cursor < order.len() && self.claimed.get(order[cursor] as usize) {
-                    cursor += 1;
-                }
-                if cursor < order.len() {
-                    let now = Instant::now();
-                    if now < filler_next {
-                        std::thread::park_timeout(filler_next - now);
-                        continue;
+            // Book new reads unless a fault is waiting (faults go first for new reads; the reads
+            // already booked complete, and a fault may be waiting for one of them).
+            let mut raced = false;
+            while in_flight.len() < READS_IN_FLIGHT
+                && self.pending_faults.load(Ordering::Acquire) == 0
+            {
+                match self.next_fill(&mut cursor, &mut filler_next) {
+                    NextFill::Chunk(c) => {
+                        let buf = spare.pop().unwrap_or_default();
+                        in_flight.push_back(self.begin_chunk(c, buf));
                     }
-                    let c = order[cursor] as usize;
-                    if let Some(&next) = order.get(cursor + 1)
-                        && !self.claimed.get(next as usize)
-                    {
-                        // Let the device read the next chunk while this one is copied.
-                        let r = self.plan.chunk_range(next as usize, self.shared.file_len);
-                        self.storage.will_need(r.start, r.end - r.start);
-                    }
-                    if self.claimed.try_set(c) {
-                        self.fill_chunk(c, &mut buf);
-                        self.collapse_completed_blocks(c);
-                        if let Some(rate) = self.filler_bytes_per_s {
-                            let r = self.plan.chunk_range(c, self.shared.file_len);
-                            let cost = (r.end - r.start) as f64 / rate.max(1) as f64;
-                            filler_next = filler_next.max(now) + Duration::from_secs_f64(cost);
-                        }
-                    }
-                    continue;
+                    NextFill::Raced => raced = true,
+                    NextFill::Nothing => break,
                 }
             }
-            std::thread::park_timeout(Duration::from_millis(50));
+            if let Some(p) = in_flight.pop_front() {
+                let c = p.chunk;
+                spare.push(self.finish_chunk(p));
+                self.collapse_completed_blocks(c);
+            } else if self.pending_faults.load(Ordering::Acquire) > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if !raced {
+                let now = Instant::now();
+                let wait = if self.background_fill && filler_next > now {
+                    (filler_next - now).min(Duration::from_millis(50))
+                } else {
+                    Duration::from_millis(50)
+                };
+                std::thread::park_timeout(wait);
+            }
         }
+    }
+
+    /// Claims the next chunk for the background thread: the first unclaimed chunk of the layers
+    /// prefetched after the hint, else (with the background fill on, and within its pace) the
+    /// next unclaimed chunk in fill order.
+    fn next_fill(&self, cursor: &mut usize, filler_next: &mut Instant) -> NextFill {
+        if let Some(c) = self.next_prefetch() {
+            return if self.claimed.try_set(c) {
+                NextFill::Chunk(c)
+            } else {
+                NextFill::Raced
+            };
+        }
+        if !self.background_fill {
+            return NextFill::Nothing;
+        }
+        let order = &self.plan.fill_order;
+        while *cursor < order.len() && self.claimed.get(order[*cursor] as usize) {
+            *cursor += 1;
+        }
+        let now = Instant::now();
+        if *cursor >= order.len() || now < *filler_next {
+            return NextFill::Nothing;
+        }
+        let c = order[*cursor] as usize;
+        if let Some(&after) = order.get(*cursor + 1)
+            && !self.claimed.get(after as usize)
+        {
+            // Let a real device read ahead too.
+            let r = self.plan.chunk_range(after as usize, self.shared.file_len);
+            self.storage.will_need(r.start, r.end - r.start);
+        }
+        if !self.claimed.try_set(c) {
+            return NextFill::Raced;
+        }
+        if let Some(rate) = self.filler_bytes_per_s {
+            let r = self.plan.chunk_range(c, self.shared.file_len);
+            let cost = (r.end - r.start) as f64 / rate.max(1) as f64;
+            *filler_next = (*filler_next).max(now) + Duration::from_secs_f64(cost);
+        }
+        NextFill::Chunk(c)
     }
 
     /// Collapses the huge-page blocks overlapping chunk `c` that are now completely loaded.

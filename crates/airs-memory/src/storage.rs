@@ -81,6 +81,18 @@ impl Storage {
     /// Reads exactly `buf.len()` bytes at `offset`, paced by the limiter. End of file before the
     /// buffer is full is [`ErrorKind::Truncated`].
     pub fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let done_at = self.read_booked(offset, buf)?;
+        if let Some(t) = done_at {
+            sleep_until(t);
+        }
+        Ok(())
+    }
+
+    /// [`Storage::read_exact_at`] without the wait: books the transfer on the paced device and
+    /// returns when the device will have delivered it (`None` when unpaced). The caller must not
+    /// use the bytes before then; booking the next read before waiting keeps the emulated device
+    /// busy while the previous chunk is copied, as a device queue with readahead would.
+    pub fn read_booked(&self, offset: u64, buf: &mut [u8]) -> Result<Option<Instant>> {
         let done_at = self.limiter.as_ref().map(|l| l.reserve(buf.len()));
         let mut filled = 0;
         while filled < buf.len() {
@@ -107,10 +119,7 @@ impl Storage {
                 }
             }
         }
-        if let Some(t) = done_at {
-            sleep_until(t);
-        }
-        Ok(())
+        Ok(done_at)
     }
 
     /// Starts asynchronous readahead of `[offset, offset + len)` (`POSIX_FADV_WILLNEED`), so the
