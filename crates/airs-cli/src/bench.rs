@@ -71,9 +71,12 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
+    // The weights in this machine's model pool (the benchmark's own KV caches are not charged).
+    let registry = crate::pool_args::PoolArgs::default().registry()?;
     let loaded = Loaded::open(ModelFile::open_for_inference(
         args.model.as_deref(),
         &args.load,
+        &registry,
     )?)?;
     // Measure the resident model, not the load.
     loaded.file.wait_resident()?;

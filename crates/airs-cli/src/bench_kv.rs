@@ -332,9 +332,12 @@ fn compare_decode(
 }
 
 pub fn run(args: BenchKvArgs) -> anyhow::Result<()> {
+    // The weights in this machine's model pool (the benchmark's own KV caches are not charged).
+    let registry = crate::pool_args::PoolArgs::default().registry()?;
     let loaded = Loaded::open(ModelFile::open_for_inference(
         args.model.as_deref(),
         &args.load,
+        &registry,
     )?)?;
     loaded.file.wait_resident()?;
     let threads = args.threads.unwrap_or_else(default_threads);

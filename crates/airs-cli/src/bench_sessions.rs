@@ -6,6 +6,9 @@
 //! evicts and requires every reply to be identical. The workload is a preset (`mixed`) or a
 //! JSON file; its format is documented in `airs_runtime::workload`.
 //!
+//! The weights, the KV pool and the scratch are charged to one model pool (`--device-ram`,
+//! `--model-pool`); the report shows the account.
+//!
 //! Time is simulated (a manual clock advanced per workload step), so idleness costs no waiting;
 //! histories are kept in an in-memory database. Exits with an error if an invariant broke or a
 //! verified reply differed. Cost: the workload's forward passes (twice with `--verify`).
@@ -17,6 +20,7 @@ use airs_runtime::workload::{BenchConfig, Workload, run_bench};
 use airs_runtime::{Engine, RebuildMode};
 use anyhow::Context;
 
+use crate::pool_args::PoolArgs;
 use crate::session_cmd::parse_size;
 
 /// `--schedule`.
@@ -32,9 +36,11 @@ pub struct BenchSessionsArgs {
     /// The GGUF model.
     #[arg(long)]
     pub model: PathBuf,
-    /// KV pool budget (e.g. 384K, 8M).
+    /// KV pool budget (e.g. 384K, 8M), taken from the model pool with the weights and scratch.
     #[arg(long, value_parser = parse_size)]
     pub pool: usize,
+    #[command(flatten)]
+    pub model_pool: PoolArgs,
     /// A preset (mixed) or a workload JSON file.
     #[arg(long, default_value = "mixed")]
     pub workload: String,
@@ -65,12 +71,24 @@ pub fn run(args: BenchSessionsArgs) -> anyhow::Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let open = || {
-        Engine::open(&args.model, threads)
-            .with_context(|| format!("opening {}", args.model.display()))
+    // The measured manager runs in the model pool; the never-evicting reference is an oracle
+    // with an account of its own.
+    let registry = args.model_pool.registry()?;
+    let engine = Engine::load(
+        &registry,
+        &args.model,
+        &airs_memory::LoadOptions::default(),
+        threads,
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
+    let reference = if args.verify {
+        Some(
+            Engine::open(&args.model, threads)
+                .with_context(|| format!("opening {}", args.model.display()))?,
+        )
+    } else {
+        None
     };
-    let engine = open()?;
-    let reference = if args.verify { Some(open()?) } else { None };
     let mut config = BenchConfig::new(args.pool);
     config.tokens_per_block = args.tokens_per_block;
     config.kv_type = args.kv_type;

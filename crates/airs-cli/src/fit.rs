@@ -43,13 +43,14 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use airs_gguf::{Gguf, ModelConfig};
+use airs_engine::footprint::{ModelShape as Shape, Scratch};
 use airs_memory::LoaderKind;
 use airs_memory::budget::{KvElement, PoolBudget, kv_bytes_per_token_of};
 use anyhow::{Context, bail};
 use serde_json::json;
 
 use crate::model_file::ModelFile;
+use crate::pool_args::PoolArgs;
 use crate::run::{Loaded, default_threads};
 
 const KIB: u64 = 1 << 10;
@@ -57,8 +58,6 @@ const MIB: u64 = 1 << 20;
 
 /// Tokens per KV block (the paged KV cache allocates whole blocks).
 pub const KV_BLOCK_TOKENS: u64 = 16;
-/// Most prompt tokens per prefill pass (`airs run` uses this batch).
-pub const PREFILL_BATCH: u64 = 512;
 /// The runtime's base resident memory: the `airs` binary's code and data, libc, libm, libgcc_s
 /// and the dynamic loader as resident while `airs run` generates, the allocator's initial heap
 /// and the main thread's stack. Measured on x86-64 Linux with `/proc/PID/smaps` at the end of
@@ -85,13 +84,8 @@ pub const THREAD_BYTES: u64 = 64 * KIB;
 pub struct FitArgs {
     /// The GGUF model file.
     pub model: PathBuf,
-    /// Total RAM of the device, e.g. 4G, 4096M, 8GiB (binary units: 4G = 4096 MiB)
-    /// [default: this machine's MemTotal rounded up to whole GiB].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub device_ram: Option<u64>,
-    /// Model pool size, overriding the device rule (the user pool takes up the difference).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub model_pool: Option<u64>,
+    #[command(flatten)]
+    pub pool: PoolArgs,
     /// Concurrent sessions, each with its own KV cache.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub sessions: u64,
@@ -140,129 +134,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("size {s:?} is out of range"));
     }
     Ok(bytes.round() as u64)
-}
-
-/// The model facts the estimate needs, read from the GGUF header.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Shape {
-    pub arch: String,
-    pub file_bytes: u64,
-    pub tensor_bytes: u64,
-    pub layers: u64,
-    pub embd: u64,
-    pub heads: u64,
-    pub kv_heads: u64,
-    pub head_dim: u64,
-    pub ff: u64,
-    pub vocab: u64,
-    pub context_len: u64,
-    pub rope_dims: u64,
-    /// Bytes per activation row of the quantized copies of the layer matmul inputs: the sum
-    /// over the activation encodings the layer weights use of the row bytes of the widest
-    /// input encoded that way.
-    pub act_row_bytes: u64,
-    /// The largest of those (the tiled kernels' prepared copy holds one input at a time).
-    pub max_act_row_bytes: u64,
-    /// Output rows of the largest layer matrix (per-thread matmul tiles are a slice of it).
-    pub max_layer_rows: u64,
-}
-
-impl Shape {
-    pub fn from_gguf(gguf: &Gguf<'_>) -> anyhow::Result<Shape> {
-        let c = ModelConfig::from_gguf(gguf)?;
-        let mut widest: Vec<(airs_kernels::ActType, u64)> = Vec::new();
-        let mut max_rows = 0u64;
-        for t in gguf.tensors() {
-            if !t.name.starts_with("blk.") || t.dims.len() != 2 {
-                continue;
-            }
-            let (cols, rows) = (t.dims[0], t.dims[1]);
-            max_rows = max_rows.max(rows);
-            let act = airs_kernels::act_type(t.ty)
-                .with_context(|| format!("tensor {} of type {:?}", t.name, t.ty))?;
-            match widest.iter_mut().find(|(a, _)| *a == act) {
-                Some((_, w)) => *w = (*w).max(cols),
-                None => widest.push((act, cols)),
-            }
-        }
-        let row_bytes = |(a, w): &(airs_kernels::ActType, u64)| a.row_bytes(*w as usize) as u64;
-        let u = |x: usize| x as u64;
-        Ok(Shape {
-            arch: c.arch.name().to_string(),
-            file_bytes: u(gguf.image().len()),
-            tensor_bytes: gguf.tensors().iter().map(|t| t.bytes).sum(),
-            layers: u(c.layers),
-            embd: u(c.embedding_len),
-            heads: u(c.heads),
-            kv_heads: u(c.kv_heads),
-            head_dim: u(c.head_dim),
-            ff: u(c.ff_len),
-            vocab: u(c.vocab_len),
-            context_len: u(c.context_len),
-            rope_dims: u(c.rope_dims),
-            act_row_bytes: widest.iter().map(row_bytes).sum(),
-            max_act_row_bytes: widest.iter().map(row_bytes).max().unwrap_or(0),
-            max_layer_rows: max_rows,
-        })
-    }
-
-    pub fn q_len(&self) -> u64 {
-        self.heads * self.head_dim
-    }
-
-    pub fn kv_len(&self) -> u64 {
-        self.kv_heads * self.head_dim
-    }
-}
-
-/// The activation buffers of one forward pass, by kind (bytes).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Scratch {
-    /// Rows of the prefill batch the buffers are sized for.
-    pub rows: u64,
-    /// f32 residual, norm, q/k/v, attention output, projection, gate and up; RoPE table.
-    pub activations: u64,
-    /// Quantized copies of the matmul inputs (and the tiled kernels' prepared copy).
-    pub quantized: u64,
-    /// Per-thread matmul tiles and attention score buffers, all threads.
-    pub per_thread: u64,
-    /// Output norm row and the last row's logits.
-    pub logits: u64,
-    /// Sampler candidates, probabilities and weights over the vocabulary.
-    pub sampler: u64,
-}
-
-impl Scratch {
-    /// The scratch of `shape` for sessions of `context` tokens on `threads` threads.
-    pub fn new(shape: &Shape, context: u64, threads: u64) -> Scratch {
-        let r = context.clamp(1, PREFILL_BATCH);
-        let s = shape;
-        let f32s = 3 * s.embd + 2 * s.q_len() + 2 * s.kv_len() + 2 * s.ff;
-        let rope = s.rope_dims / 2 * 8;
-        let prepared = if r > 1 { s.max_act_row_bytes } else { 0 };
-        let tile_width = if threads <= 1 {
-            s.max_layer_rows
-        } else {
-            (s.max_layer_rows / (threads * 8))
-                .next_multiple_of(4)
-                .max(4)
-        };
-        let tile = if r > 1 { r * tile_width * 4 } else { 0 };
-        let group = s.heads / s.kv_heads.max(1);
-        let scores = group * context * 4;
-        Scratch {
-            rows: r,
-            activations: r * (f32s * 4 + rope),
-            quantized: r * (s.act_row_bytes + prepared),
-            per_thread: threads * (tile + scores),
-            logits: s.embd * 4 + s.vocab * 4,
-            sampler: s.vocab * 16,
-        }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.activations + self.quantized + self.per_thread + self.logits + self.sampler
-    }
 }
 
 /// What was asked: sessions of a context with a KV type, on a number of threads.
@@ -402,16 +273,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<()> {
     if args.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let (mut budget, ram_source) = match args.device_ram {
-        Some(bytes) => (PoolBudget::for_total_ram(bytes), "--device-ram"),
-        None => (
-            PoolBudget::for_this_device().context("reading this machine's RAM size")?,
-            "this machine",
-        ),
-    };
-    if let Some(pool) = args.model_pool {
-        budget = budget.with_model_pool(pool)?;
-    }
+    let (budget, ram_source) = args.pool.budget()?;
 
     // Build what `airs run` builds besides the weights — tokenizer, chat template, model
     // tables — and measure it; the file is mapped, so its pages are not anonymous memory.

@@ -8,6 +8,7 @@ mod fit;
 mod gen_model;
 mod inspect;
 mod model_file;
+mod pool_args;
 mod run;
 mod session_cmd;
 mod tokenize;

@@ -2,13 +2,14 @@
 //! (stories260K, MIT-licensed, see models/LICENSE-stories260K.txt) when none is given.
 //!
 //! Commands that only read the header (`inspect`, `tokenize`) map the file ([`ModelFile::open`]).
-//! Commands that run inference (`run`, `bench decode`) load it into a model region
-//! ([`ModelFile::open_for_inference`], design §6.2/§6.4 of `shared/design/model-memory.md`) with
+//! Commands that run inference (`run`, `bench decode`) load it into a model region through the
+//! model registry of their model pool ([`ModelFile::open_for_inference`], design §6.2/§6.4 of
+//! `shared/design/model-memory.md`), which charges the weights to the pool's account first, with
 //! the loader `--loader` names: `lazy` by default, which runs as `mmap` where userfaultfd is not
 //! permitted; every such degradation is printed to stderr as one `airs: note:` line.
 //! The embedded model is compiled into the binary, so there is no file to load: it stays a
-//! static image (already in memory, read-only) and reports its loader as `embedded`;
-//! `--loader` applies to model files only.
+//! static image (already in memory, read-only) and reports its loader as `embedded`; its bytes
+//! are still charged to the model pool. `--loader` applies to model files only.
 //! Cost: opening maps the file or starts the load (see airs-memory); notices are a lock and a
 //! clone of a short list.
 
@@ -17,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airs_engine::image::open_model;
+use airs_engine::image::open_model_in;
 use airs_engine::{MappedFile, ModelImage, StaticImage};
-use airs_memory::{LoadOptions, LoaderKind, ModelRegion, Notice};
+use airs_memory::{
+    LoadOptions, LoaderKind, ModelRegion, ModelRegistry, Notice, PoolCharge, PoolUse,
+};
 use anyhow::Context;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 
@@ -65,6 +68,15 @@ pub struct ModelFile {
     pub load_started: Option<Instant>,
     /// Notices already printed to stderr.
     notices_shown: Cell<usize>,
+    /// What keeps the weights charged to the model pool: the registry the region was loaded
+    /// through (its entry holds the charge), or the embedded model's own charge.
+    _weights: Option<WeightsCharge>,
+}
+
+/// Who holds the charge of a model file's weights.
+enum WeightsCharge {
+    Registry(#[allow(dead_code)] Arc<ModelRegistry>),
+    Direct(#[allow(dead_code)] PoolCharge),
 }
 
 impl ModelFile {
@@ -84,14 +96,20 @@ impl ModelFile {
                     opened_at,
                     load_started: None,
                     notices_shown: Cell::new(0),
+                    _weights: None,
                 })
             }
         }
     }
 
-    /// Load `path` into a model region with the loader `args` names (printing the region's
-    /// notices to stderr), or use the embedded default when `path` is `None`.
-    pub fn open_for_inference(path: Option<&Path>, args: &LoaderArgs) -> anyhow::Result<ModelFile> {
+    /// Load `path` into a model region through `registry` (charged to its model pool) with the
+    /// loader `args` names (printing the region's notices to stderr), or use the embedded
+    /// default when `path` is `None` (its bytes charged to the same pool).
+    pub fn open_for_inference(
+        path: Option<&Path>,
+        args: &LoaderArgs,
+        registry: &Arc<ModelRegistry>,
+    ) -> anyhow::Result<ModelFile> {
         let opened_at = Instant::now();
         let Some(p) = path else {
             if let Some(l) = args.loader {
@@ -100,11 +118,26 @@ impl ModelFile {
                      applies to model files (--model PATH)"
                 );
             }
-            return Ok(ModelFile::embedded(opened_at));
+            let charge = registry.pool().charge(
+                PoolUse::Weights,
+                DEFAULT_MODEL.len() as u64,
+                DEFAULT_MODEL_NAME,
+            )?;
+            let mut file = ModelFile::embedded(opened_at);
+            file._weights = Some(WeightsCharge::Direct(charge));
+            return Ok(file);
         };
         // The engine error's message already includes its cause: one line, no repeated chain.
-        let opened = open_model(p, &args.options())
-            .map_err(|e| anyhow::anyhow!("loading {}: {e}", p.display()))?;
+        let opened = open_model_in(registry, p, &args.options()).map_err(|e| {
+            let hint = match e.kind() {
+                airs_engine::EngineErrorKind::ModelPool(_) => format!(
+                    " (`airs fit {}` shows what fits in which pool)",
+                    p.display()
+                ),
+                _ => String::new(),
+            };
+            anyhow::anyhow!("loading {}: {e}{hint}", p.display())
+        })?;
         let file = ModelFile {
             image: opened.dyn_image(),
             name: p.display().to_string(),
@@ -113,6 +146,7 @@ impl ModelFile {
             opened_at,
             load_started: Some(opened.load_started),
             notices_shown: Cell::new(0),
+            _weights: Some(WeightsCharge::Registry(registry.clone())),
         };
         file.print_new_notices();
         Ok(file)
@@ -127,6 +161,7 @@ impl ModelFile {
             opened_at,
             load_started: None,
             notices_shown: Cell::new(0),
+            _weights: None,
         }
     }
 

@@ -15,16 +15,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use airs_engine::footprint::{ModelShape, Scratch};
 use airs_engine::{
     GenerateConfig, KvShape, KvType, Model, PagedKv, PagedKvConfig, PagedKvPool, Runtime,
     SamplerConfig, generate,
 };
+use airs_memory::PoolUse;
 use airs_tokenizer::chat::{ChatMessage, ChatTemplate};
 use airs_tokenizer::{EncodeOptions, Tokenizer};
 use anyhow::Context;
 use serde_json::json;
 
 use crate::model_file::{LoaderArgs, ModelFile};
+use crate::pool_args::{PoolArgs, model_pool_json};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -66,6 +69,8 @@ pub struct RunArgs {
     pub kv_type: KvType,
     #[command(flatten)]
     pub load: LoaderArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -75,6 +80,8 @@ pub struct RunArgs {
 pub struct Loaded {
     pub file: ModelFile,
     pub model: Model,
+    /// What the model needs besides weights (the scratch estimate).
+    pub shape: ModelShape,
     pub tokenizer: Tokenizer,
     pub template: Result<ChatTemplate, String>,
 }
@@ -92,12 +99,14 @@ impl Loaded {
         let model = Model::new(file.image.clone(), &gguf);
         load_failed()?;
         let model = model.with_context(|| file.name.clone())?;
+        let shape = ModelShape::from_gguf(&gguf).with_context(|| file.name.clone())?;
         let tokenizer = Tokenizer::from_gguf(&gguf).with_context(|| file.name.clone())?;
         let template = ChatTemplate::from_gguf(&gguf, &tokenizer).map_err(|e| e.to_string());
         drop(gguf);
         Ok(Loaded {
             file,
             model,
+            shape,
             tokenizer,
             template,
         })
@@ -196,7 +205,9 @@ impl Drop for FillProgress {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let file = ModelFile::open_for_inference(args.model.as_deref(), &args.load)?;
+    // One model pool account: weights (through the registry), scratch and KV cache.
+    let registry = args.pool.registry()?;
+    let file = ModelFile::open_for_inference(args.model.as_deref(), &args.load, &registry)?;
     let opened_at = file.opened_at;
     let mut progress = FillProgress::start(&file);
     let loaded = Loaded::open(file)?;
@@ -255,13 +266,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         })?;
     let pool_bytes =
         capacity.next_multiple_of(airs_memory::DEFAULT_TOKENS_PER_BLOCK as usize) * bytes_per_token;
-    let kv_pool = PagedKvPool::new(
+    let rt = Runtime::new(args.threads.unwrap_or_else(default_threads));
+    let scratch_bytes = Scratch::new(&loaded.shape, capacity as u64, rt.pool.threads() as u64);
+    let _scratch =
+        registry
+            .pool()
+            .charge(PoolUse::Scratch, scratch_bytes.total(), "forward passes")?;
+    let kv_pool = PagedKvPool::new_charged(
         loaded.kv_shape(),
         args.kv_type,
         &PagedKvConfig::new(pool_bytes),
+        registry.pool(),
     )?;
     let mut kv = PagedKv::new_sequence(&kv_pool, None).with_max_len(capacity);
-    let rt = Runtime::new(args.threads.unwrap_or_else(default_threads));
     let config = GenerateConfig {
         max_tokens: args.max_tokens,
         stop_strings: args.stop.clone(),
@@ -347,6 +364,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 "weights_bytes": loaded.model.weight_bytes(),
                 "kv_bytes": airs_engine::KvCache::allocated_bytes(&kv),
                 "kv_pool": kv_pool_json(&kv_pool.stats()),
+                "model_pool": model_pool_json(registry.pool()),
                 "peak_rss_bytes": peak_rss_bytes(),
             },
         });

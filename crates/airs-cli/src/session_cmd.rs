@@ -13,7 +13,11 @@
 //!   `ack <turn> <json>` once committed.
 //! - `--show`: print the conversation (`--json`: an array of `{role, content, tokens}`).
 //!
-//! Cost: loading the model (mmap), rebuilding the session's cache (its history's forward
+//! Memory: the weights (`--loader`, lazy by default), the KV pool (`--pool`) and the scratch are
+//! all charged to the model pool (`--device-ram`, `--model-pool`); what does not fit fails at
+//! start with what holds the pool.
+//!
+//! Cost: loading the model, rebuilding the session's cache (its history's forward
 //! passes) on the first turn of the process, then each turn's passes and one commit.
 
 use std::io::Write;
@@ -26,6 +30,9 @@ use airs_runtime::{
 };
 use anyhow::Context;
 use serde_json::json;
+
+use crate::model_file::LoaderArgs;
+use crate::pool_args::PoolArgs;
 
 /// `--sync`: how a commit reaches the disk.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,9 +78,13 @@ pub struct SessionArgs {
     /// Sampler seed of a new session.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// KV pool budget (e.g. 64M).
+    /// KV pool budget (e.g. 64M), taken from the model pool with the weights and scratch.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub pool: usize,
+    #[command(flatten)]
+    pub model_pool: PoolArgs,
+    #[command(flatten)]
+    pub load: LoaderArgs,
     /// KV cache element type.
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
@@ -105,8 +116,14 @@ fn threads(t: Option<usize>) -> usize {
 }
 
 pub fn run(args: SessionArgs) -> anyhow::Result<()> {
-    let engine = Engine::open(&args.model, threads(args.threads))
-        .with_context(|| format!("opening {}", args.model.display()))?;
+    let registry = args.model_pool.registry()?;
+    let engine = Engine::load(
+        &registry,
+        &args.model,
+        &args.load.options(),
+        threads(args.threads),
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
     let durability = match args.sync {
         SyncMode::Full => Durability::Full,
         SyncMode::Normal => Durability::Normal,

@@ -195,3 +195,42 @@ fn errors_are_one_line_and_exit_non_zero() {
         assert!(stderr.starts_with("airs: error: "), "{stderr}");
     }
 }
+
+#[test]
+fn run_charges_weights_kv_and_scratch_to_the_model_pool_and_refuses_what_does_not_fit() {
+    let v = json_of(&["run", "-n", "8", "--model-pool", "64M", "--json"]);
+    let mp = &v["memory"]["model_pool"];
+    let field = |k: &str| mp[k].as_u64().unwrap();
+    assert_eq!(field("capacity_bytes"), 64 << 20);
+    let weights = std::fs::metadata(stories_path()).unwrap().len();
+    assert_eq!(field("weights_bytes"), weights);
+    assert_eq!(
+        field("kv_cache_bytes"),
+        v["memory"]["kv_pool"]["pool_bytes"].as_u64().unwrap()
+    );
+    assert!(field("scratch_bytes") > 0);
+    assert_eq!(
+        field("free_bytes"),
+        (64 << 20) - weights - field("kv_cache_bytes") - field("scratch_bytes")
+    );
+
+    // Weights fit, scratch and KV cache do not: refused before generating, naming the holders.
+    let out = airs(&["run", "-n", "8", "--model-pool", "1200K"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("the model pool (1.2 MiB) cannot hold"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("weights stories260K.gguf (embedded)"),
+        "{stderr}"
+    );
+
+    // A device without a model pool runs nothing locally.
+    let out = airs(&["run", "--device-ram", "2G"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has no model pool"), "{stderr}");
+}

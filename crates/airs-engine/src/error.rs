@@ -25,6 +25,8 @@ pub enum EngineErrorKind {
     KvAlloc(String),
     /// The model's weights could not be read (e.g. a lazy load failed).
     Load(String),
+    /// The model pool cannot hold the model (too large for it, or held by models in use).
+    ModelPool(airs_memory::RegistryError),
     /// An argument was invalid.
     InvalidArgument(String),
     /// An I/O error opening the model.
@@ -83,6 +85,7 @@ impl fmt::Display for EngineError {
             ),
             KvAlloc(e) => write!(f, "KV cache: {e}"),
             Load(e) => write!(f, "loading weights: {e}"),
+            ModelPool(e) => write!(f, "{e}"),
             InvalidArgument(e) => write!(f, "{e}"),
             Io(e) => write!(f, "{e}"),
         }

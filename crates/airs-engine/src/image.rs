@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use airs_gguf::{Gguf, LayerMap};
 use airs_memory::{
-    LoadOptions, LoaderHandle, MemoryError, ModelRegion, Notice, RegionLayout, RegionRef, Span,
-    SpanKind,
+    LoadOptions, LoaderHandle, MemoryError, ModelRegion, ModelRegistry, Notice, RegionLayout,
+    RegionRef, RegistryError, Span, SpanKind,
 };
 
 use crate::error::{EngineError, EngineErrorKind};
@@ -97,6 +97,13 @@ impl RegionImage {
             session: region.acquire(),
             loader: region.loader(),
         }
+    }
+
+    /// An image over a session already taken on a region (e.g. from
+    /// [`airs_memory::ModelRegistry::acquire`], which also marks the model as used).
+    pub fn from_session(session: RegionRef) -> RegionImage {
+        let loader = session.region().loader();
+        RegionImage { session, loader }
     }
 
     /// The region behind the image (statistics, notices, refcount).
@@ -244,6 +251,36 @@ pub fn open_model(path: &Path, options: &LoadOptions) -> Result<OpenedModel, Eng
     let notices = region.notices();
     Ok(OpenedModel {
         image: Arc::new(RegionImage::new(&region)),
+        layout,
+        notices,
+        load_started,
+    })
+}
+
+/// [`open_model`] through a model registry: the model is charged to the registry's pool
+/// (evicting least recently used models no session holds, when the pool must make room), or
+/// the already loaded model is shared. The image holds the model as one session, so it is not
+/// evicted while the image lives. A model the pool cannot hold is
+/// [`EngineErrorKind::ModelPool`], with the registry's numbers.
+pub fn open_model_in(
+    registry: &ModelRegistry,
+    path: &Path,
+    options: &LoadOptions,
+) -> Result<OpenedModel, EngineError> {
+    let layout = region_layout(path)?;
+    let load_started = Instant::now();
+    let registry_err = |e: RegistryError| match e {
+        RegistryError::Load { source, .. } => load_err(&source),
+        e => EngineError::new(EngineErrorKind::ModelPool(e)),
+    };
+    let loaded = registry
+        .load(path, layout.clone(), options)
+        .map_err(registry_err)?;
+    let session = registry.acquire(loaded.id).map_err(registry_err)?;
+    let image = RegionImage::from_session(session);
+    let notices = image.region().notices();
+    Ok(OpenedModel {
+        image: Arc::new(image),
         layout,
         notices,
         load_started,

@@ -2,6 +2,7 @@
 //! llama/qwen2 forward pass, KV caches, sampling and generation, on an explicit thread pool.
 
 pub mod error;
+pub mod footprint;
 pub mod forward;
 pub mod generate;
 pub mod image;

@@ -27,7 +27,9 @@
 
 use std::sync::Arc;
 
-use airs_memory::{BlockTable, KvPool, KvPoolConfig, KvPoolStats, PinPolicy, PoolExhausted};
+use airs_memory::{
+    BlockTable, KvPool, KvPoolConfig, KvPoolStats, ModelPool, PinPolicy, PoolExhausted,
+};
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::{KvCache, KvShape, KvType, RowRun, attend_runs, encode_row};
@@ -93,15 +95,48 @@ impl PagedKvPool {
         ty: KvType,
         config: &PagedKvConfig,
     ) -> Result<PagedKvPool, EngineError> {
+        PagedKvPool::build(shape, ty, config, None)
+    }
+
+    /// [`PagedKvPool::new`], its mapping charged first to the model pool's account `account`
+    /// ([`KvPool::new_charged`]): a pool the account has no room for is an
+    /// [`EngineErrorKind::KvAlloc`] error naming what holds the model pool.
+    pub fn new_charged(
+        shape: KvShape,
+        ty: KvType,
+        config: &PagedKvConfig,
+        account: &Arc<ModelPool>,
+    ) -> Result<PagedKvPool, EngineError> {
+        PagedKvPool::build(shape, ty, config, Some(account))
+    }
+
+    fn build(
+        shape: KvShape,
+        ty: KvType,
+        config: &PagedKvConfig,
+        account: Option<&Arc<ModelPool>>,
+    ) -> Result<PagedKvPool, EngineError> {
         let row_bytes = shape.checked_row_bytes(ty)?;
         let tokens_per_block = config.tokens_per_block as usize;
         let bytes_per_token = 2 * shape.layers * shape.kv_heads * row_bytes;
-        let pool = KvPool::new(KvPoolConfig {
+        let pool_config = KvPoolConfig {
             pool_bytes: config.pool_bytes,
             bytes_per_token,
             tokens_per_block: config.tokens_per_block,
             pin: config.pin,
-        })
+        };
+        let pool = match account {
+            None => KvPool::new(pool_config),
+            Some(account) => KvPool::new_charged(
+                pool_config,
+                account,
+                &format!(
+                    "KV pool ({} KV, {} bytes/token)",
+                    ty.name(),
+                    bytes_per_token
+                ),
+            ),
+        }
         .map_err(kv_alloc)?;
         Ok(PagedKvPool {
             pool,

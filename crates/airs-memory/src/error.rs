@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Userfaultfd,
     /// The loader was stopped before the region became resident (region dropped).
     Stopped,
+    /// The model pool's account refused the memory ([`crate::PoolFull`], in the message).
+    PoolFull,
 }
 
 impl fmt::Display for ErrorKind {
@@ -43,6 +45,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Map => "memory mapping failed",
             ErrorKind::Userfaultfd => "userfaultfd failed",
             ErrorKind::Stopped => "loader stopped",
+            ErrorKind::PoolFull => "model pool full",
         })
     }
 }

@@ -38,6 +38,7 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::account::{ModelPool, PoolCharge, PoolUse};
 use crate::error::{ErrorKind, MemoryError, Result};
 use crate::prefix::{NodeId, PrefixIndex};
 use crate::region::{Notice, NoticeKind, errno_name};
@@ -266,6 +267,8 @@ pub struct KvPool {
     pinned: bool,
     notices: Vec<Notice>,
     state: Mutex<PoolState>,
+    /// The mapping's share of the model pool, when charged; returned after the unmap.
+    _charge: Option<PoolCharge>,
 }
 
 // SAFETY: `base` points into `_mapping`, which lives as long as the pool. Block bytes are only
@@ -279,6 +282,26 @@ impl KvPool {
     /// Map and pin a pool. Fails when the budget holds no block or the mapping cannot be made;
     /// refused pinning is a [`Notice`], not an error.
     pub fn new(config: KvPoolConfig) -> Result<Arc<KvPool>> {
+        KvPool::create(config, None)
+    }
+
+    /// [`KvPool::new`], the mapping first charged to the model pool's account `account` as
+    /// `label`: refused with [`ErrorKind::PoolFull`] (naming what holds the pool) when the
+    /// account lacks the room; the charge is returned when the pool is dropped.
+    pub fn new_charged(
+        config: KvPoolConfig,
+        account: &Arc<ModelPool>,
+        label: &str,
+    ) -> Result<Arc<KvPool>> {
+        let bytes = KvPool::mapped_bytes(&config)?;
+        let charge = account
+            .charge(PoolUse::KvCache, bytes as u64, label)
+            .map_err(|e| MemoryError::new(ErrorKind::PoolFull, e.to_string()))?;
+        KvPool::create(config, Some(charge))
+    }
+
+    /// Bytes the pool of `config` maps: its whole blocks.
+    pub fn mapped_bytes(config: &KvPoolConfig) -> Result<usize> {
         if config.tokens_per_block == 0 || config.bytes_per_token == 0 {
             return Err(MemoryError::new(
                 ErrorKind::Config,
@@ -296,8 +319,14 @@ impl KvPool {
                 ),
             ));
         }
+        Ok(blocks * block_bytes)
+    }
+
+    fn create(config: KvPoolConfig, charge: Option<PoolCharge>) -> Result<Arc<KvPool>> {
+        let bytes = KvPool::mapped_bytes(&config)?;
+        let block_bytes = config.block_bytes();
+        let blocks = bytes / block_bytes;
         let blocks_total = blocks as u32;
-        let bytes = blocks * block_bytes;
         let mapping = AnonMapping::new(bytes, sys::page_size()).map_err(|e| {
             MemoryError::with_errno(
                 ErrorKind::Map,
@@ -332,6 +361,7 @@ impl KvPool {
                 counters: KvPoolCounters::default(),
             }),
             config,
+            _charge: charge,
         }))
     }
 
@@ -468,6 +498,25 @@ impl KvPool {
             n += 1;
         }
         n
+    }
+
+    /// How many blocks would become available (free or cached) if the block references
+    /// `dropped` were released: the distinct blocks whose every reference is among them. A
+    /// block shared with a table that keeps it stays held. Lets an eviction policy know what
+    /// evicting sessions frees before it evicts anyone. O(refs log refs).
+    pub fn releasable_blocks(&self, dropped: impl IntoIterator<Item = BlockId>) -> u32 {
+        let mut refs: Vec<BlockId> = dropped.into_iter().collect();
+        refs.sort_unstable();
+        let st = self.lock();
+        let mut releasable = 0;
+        for run in refs.chunk_by(|a, b| a == b) {
+            let held = st
+                .meta
+                .get(run[0].0 as usize)
+                .map_or(u32::MAX, |m| m.refcount);
+            releasable += u32::from(held as usize == run.len());
+        }
+        releasable
     }
 
     /// The pool's accounting (scans every block).

@@ -33,6 +33,7 @@
 //! [`registry::ModelRegistry`] keeps several regions in one model pool: LRU eviction of models no
 //! session holds, security floors that are never evicted (§6.4 `select_victim`).
 
+pub mod account;
 pub mod budget;
 mod error;
 pub mod kv_pool;
@@ -57,6 +58,7 @@ pub use loader::{
 pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStats};
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
 pub mod registry;
+pub use account::{ChargeInfo, ModelPool, PoolCharge, PoolFull, PoolUsage, PoolUse};
 pub use budget::{KvElement, ModelPoolTooLarge, PoolBudget};
 pub use registry::{
     Loaded, ModelId, ModelInfo, ModelRegistry, RegionLoader, RegistryError, RegistryErrorKind,

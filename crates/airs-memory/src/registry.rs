@@ -27,8 +27,10 @@
 //! every `load` and `acquire` (deterministic, no ties). Loading a path that is already loaded
 //! returns the loaded model (and touches it) instead of loading a second copy.
 //!
-//! The registry accounts the bytes of model *weights*; callers that place KV blocks in the same
-//! pool give the registry the part of the pool meant for weights.
+//! The registry charges model *weights* to the pool's account ([`ModelPool`]); KV pools and
+//! scratch charge the same account ([`ModelRegistry::in_pool`]), so the free bytes a load sees
+//! are what all of them left. Only models are evicted here: memory held by KV caches and scratch
+//! is reported in [`RegistryError::NoRoom`] but never taken back by a model load.
 //!
 //! Cost: `load` and eviction are O(models log models) plus the loader's start-up (whole file for
 //! `eager`, a few syscalls for `mmap`/`lazy`), during which the registry's lock is held; `acquire`
@@ -38,6 +40,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::account::{ModelPool, PoolCharge, PoolUse};
 use crate::error::MemoryError;
 use crate::layout::RegionLayout;
 use crate::loader::LoadOptions;
@@ -138,15 +141,17 @@ pub enum RegistryError {
         loaded: Vec<ModelInfo>,
     },
     /// Even evicting every evictable model frees only `free_bytes + evictable_bytes`; `held`
-    /// lists the models holding the rest (in use or floors). Nothing was evicted.
+    /// lists the models holding the rest (in use or floors), `other_bytes` what KV caches and
+    /// scratch hold. Nothing was evicted.
     #[error(
-        "no room for {} ({}) in the {} model pool: {} free, {} evictable; held by {}",
+        "no room for {} ({}) in the {} model pool: {} free, {} evictable; held by {}{}",
         path.display(),
         Mib(*model_bytes),
         Mib(*pool_bytes),
         Mib(*free_bytes),
         Mib(*evictable_bytes),
-        List(held)
+        List(held),
+        Others(*other_bytes)
     )]
     NoRoom {
         path: PathBuf,
@@ -155,6 +160,7 @@ pub enum RegistryError {
         free_bytes: u64,
         evictable_bytes: u64,
         held: Vec<ModelInfo>,
+        other_bytes: u64,
     },
     #[error("no loaded model {0}")]
     UnknownModel(ModelId),
@@ -211,6 +217,18 @@ impl fmt::Display for List<'_> {
     }
 }
 
+struct Others(u64);
+
+impl fmt::Display for Others {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            Ok(())
+        } else {
+            write!(f, ", and KV caches and scratch ({})", Mib(self.0))
+        }
+    }
+}
+
 struct LoadedList<'a>(&'a [ModelInfo]);
 
 impl fmt::Display for LoadedList<'_> {
@@ -244,6 +262,8 @@ struct Entry {
     last_used: u64,
     floor: bool,
     region: Arc<ModelRegion>,
+    /// The weights' share of the pool, returned when the entry is dropped (after the region).
+    _charge: PoolCharge,
 }
 
 impl Entry {
@@ -298,7 +318,7 @@ impl State {
 
 /// The models loaded in a model pool of fixed size (see the module docs).
 pub struct ModelRegistry {
-    pool_bytes: u64,
+    pool: Arc<ModelPool>,
     page_bytes: u64,
     loader: RegionLoader,
     state: Mutex<State>,
@@ -307,17 +327,22 @@ pub struct ModelRegistry {
 impl fmt::Debug for ModelRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ModelRegistry")
-            .field("pool_bytes", &self.pool_bytes)
+            .field("pool_bytes", &self.pool.capacity_bytes())
             .field("models", &self.models())
             .finish()
     }
 }
 
 impl ModelRegistry {
-    /// A registry of `pool_bytes` loading regions with [`ModelRegion::load`].
+    /// A registry of `pool_bytes` (a pool of its own) loading regions with [`ModelRegion::load`].
     pub fn new(pool_bytes: u64) -> Self {
-        Self::with_loader(
-            pool_bytes,
+        Self::in_pool(ModelPool::new(pool_bytes))
+    }
+
+    /// A registry charging models to `pool`, which KV pools and scratch may share.
+    pub fn in_pool(pool: Arc<ModelPool>) -> Self {
+        Self::with_loader_in(
+            pool,
             Box::new(|path, layout, options| ModelRegion::load(path, layout, options)),
         )
     }
@@ -330,8 +355,13 @@ impl ModelRegistry {
     /// A registry of `pool_bytes` that loads regions with `loader` (tests, instrumentation).
     /// The loader runs under the registry's lock: it must not call back into the registry.
     pub fn with_loader(pool_bytes: u64, loader: RegionLoader) -> Self {
+        Self::with_loader_in(ModelPool::new(pool_bytes), loader)
+    }
+
+    /// [`ModelRegistry::with_loader`] charging `pool`.
+    pub fn with_loader_in(pool: Arc<ModelPool>, loader: RegionLoader) -> Self {
         Self {
-            pool_bytes,
+            pool,
             page_bytes: crate::sys::page_size() as u64,
             loader,
             state: Mutex::new(State {
@@ -374,15 +404,30 @@ impl ModelRegistry {
             });
         }
         let bytes = self.charge(layout.file_len);
-        if bytes > self.pool_bytes {
+        let pool_bytes = self.pool.capacity_bytes();
+        if bytes > pool_bytes {
             return Err(RegistryError::TooLarge {
                 path: key,
                 model_bytes: bytes,
-                pool_bytes: self.pool_bytes,
+                pool_bytes,
                 loaded: st.entries.iter().map(Entry::info).collect(),
             });
         }
-        let free = self.pool_bytes - st.used_bytes;
+        let free = self.pool.free_bytes();
+        let no_room = |st: &State, free_bytes: u64, evictable_bytes: u64| RegistryError::NoRoom {
+            path: key.clone(),
+            model_bytes: bytes,
+            pool_bytes,
+            free_bytes,
+            evictable_bytes,
+            held: st
+                .entries
+                .iter()
+                .map(Entry::info)
+                .filter(|m| !m.evictable())
+                .collect(),
+            other_bytes: self.pool.used_bytes().saturating_sub(st.used_bytes),
+        };
         let victims = if bytes > free {
             let mut evictable: Vec<ModelInfo> = st
                 .entries
@@ -401,19 +446,7 @@ impl ModelRegistry {
                 })
                 .map(|i| i + 1);
             let Some(n) = n else {
-                return Err(RegistryError::NoRoom {
-                    path: key,
-                    model_bytes: bytes,
-                    pool_bytes: self.pool_bytes,
-                    free_bytes: free,
-                    evictable_bytes: freed,
-                    held: st
-                        .entries
-                        .iter()
-                        .map(Entry::info)
-                        .filter(|m| !m.evictable())
-                        .collect(),
-                });
+                return Err(no_room(&st, free, freed));
             };
             evictable.truncate(n);
             evictable
@@ -423,6 +456,12 @@ impl ModelRegistry {
         for v in &victims {
             drop(st.remove(v.id));
         }
+        // Charged before the region maps anything, so the pool is never over-committed. A KV
+        // pool or scratch charged meanwhile (outside this lock) can still take the room.
+        let charge = self
+            .pool
+            .charge(PoolUse::Weights, bytes, key.display().to_string())
+            .map_err(|e| no_room(&st, e.free_bytes, 0))?;
         let region =
             (self.loader)(path, layout, options).map_err(|source| RegistryError::Load {
                 path: key.clone(),
@@ -439,6 +478,7 @@ impl ModelRegistry {
             last_used,
             floor: false,
             region,
+            _charge: charge,
         });
         Ok(Loaded {
             id,
@@ -497,7 +537,12 @@ impl ModelRegistry {
 
     /// Size of the pool.
     pub fn pool_bytes(&self) -> u64 {
-        self.pool_bytes
+        self.pool.capacity_bytes()
+    }
+
+    /// The account the registry charges.
+    pub fn pool(&self) -> &Arc<ModelPool> {
+        &self.pool
     }
 
     /// Bytes charged to loaded models.
@@ -505,9 +550,9 @@ impl ModelRegistry {
         self.lock().used_bytes
     }
 
-    /// Bytes of the pool not charged to any model.
+    /// Bytes of the pool not charged to anything (models, KV caches, scratch).
     pub fn free_bytes(&self) -> u64 {
-        self.pool_bytes - self.used_bytes()
+        self.pool.free_bytes()
     }
 }
 
@@ -551,8 +596,14 @@ mod tests {
             free_bytes: 1 << 20,
             evictable_bytes: 0,
             held: vec![m],
+            other_bytes: 3 << 20,
         };
         assert_eq!(e.kind(), RegistryErrorKind::NoRoom);
         assert!(e.to_string().contains("held by model#3"), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with(", and KV caches and scratch (3 MiB)"),
+            "{e}"
+        );
     }
 }

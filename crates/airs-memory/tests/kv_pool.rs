@@ -289,6 +289,39 @@ fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
 }
 
 #[test]
+fn releasable_blocks_counts_shared_blocks_only_when_every_holder_lets_go() {
+    let pool = KvPool::new(KvPoolConfig {
+        pool_bytes: 8 * 4 * ROW,
+        bytes_per_token: ROW,
+        tokens_per_block: 4,
+        pin: PinPolicy::None,
+    })
+    .unwrap();
+    let mut a = pool.new_table(None);
+    a.extend_tokens(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    a.reserve(9).unwrap();
+    a.commit(9);
+    // b shares a's first two blocks and adds one of its own.
+    let mut b = a.fork();
+    b.extend_tokens(&[10]);
+    b.reserve(10).unwrap();
+    assert_eq!((a.blocks().len(), b.blocks().len()), (3, 3));
+    let shared = a.blocks()[..2].to_vec();
+    assert_eq!(b.blocks()[..2], shared[..]);
+    // Dropping b frees only the block it does not share (the copy of the partial one).
+    assert_eq!(pool.releasable_blocks(b.blocks().iter().copied()), 1);
+    // Dropping both frees all four distinct blocks.
+    let both = a.blocks().iter().chain(b.blocks()).copied();
+    assert_eq!(pool.releasable_blocks(both), 4);
+    // Truncating a to one block while b lets go of everything: block 1 is released only if a
+    // drops it too; block 0 stays.
+    let dropped = a.blocks()[1..].iter().chain(b.blocks()).copied();
+    assert_eq!(pool.releasable_blocks(dropped), 3);
+    drop(b);
+    assert_eq!(pool.stats().blocks_used, 3);
+}
+
+#[test]
 fn pinning_is_done_or_reported() {
     for pin in [PinPolicy::Populate, PinPolicy::OnFault] {
         let pool = KvPool::new(KvPoolConfig {

@@ -12,12 +12,22 @@
 //! turns), the new user message is rendered on its own. Replies are generated tokens and are
 //! never re-tokenized.
 //!
+//! Memory: an engine belongs to a model pool's account ([`ModelPool`]). [`Engine::load`] loads
+//! the weights through a [`ModelRegistry`], which charges them to its pool (evicting models
+//! nobody holds, least recently used first, when it must); the engine holds the region as one
+//! session, so the model is not evicted while the engine lives. The session manager charges its
+//! KV pool and scratch to the same account. [`Engine::open`] (tools and tests) maps the file and
+//! charges it to an account of its own without a limit: everything is counted, nothing refused.
+//!
 //! Cost: rendering is linear in the conversation; a turn's tokens are encoded once.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use airs_engine::{MappedFile, Model, Runtime};
+use airs_engine::footprint::ModelShape;
+use airs_engine::image::open_model_in;
+use airs_engine::{MappedFile, Model, ModelImage, Runtime};
+use airs_memory::{LoadOptions, ModelPool, ModelRegistry, PoolCharge, PoolUse};
 use airs_tokenizer::chat::{ChatMessage, ChatTemplate};
 use airs_tokenizer::{EncodeOptions, TokenId, Tokenizer};
 
@@ -32,6 +42,21 @@ pub struct Engine {
     pub runtime: Runtime,
     /// Identifies the model in the history store: sessions are bound to it.
     pub model_key: String,
+    /// What the model needs besides weights (scratch estimate: [`airs_engine::footprint`]).
+    pub shape: ModelShape,
+    /// The model pool's account the weights are charged to; KV and scratch charge it too.
+    pool: Arc<ModelPool>,
+    /// What keeps the weights' charge alive: the registry (which holds it per model) or the
+    /// charge itself.
+    _weights: WeightsCharge,
+}
+
+/// Who holds the charge of an engine's weights.
+enum WeightsCharge {
+    /// The registry the model was loaded through (its entry holds the charge).
+    Registry(#[allow(dead_code)] Arc<ModelRegistry>),
+    /// A charge taken directly (a mapped file).
+    Direct(#[allow(dead_code)] PoolCharge),
 }
 
 impl std::fmt::Debug for Engine {
@@ -45,18 +70,57 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Map the GGUF file at `path` and build the model, tokenizer and chat template (the
     /// template's fallback when the file has none), with `threads` worker threads. The model
-    /// key is the file name and size.
+    /// key is the file name and size. The weights are charged to a new account without a limit
+    /// (see the module documentation); serving code loads through a registry ([`Engine::load`]).
     pub fn open(path: &Path, threads: usize) -> Result<Engine> {
-        let image = Arc::new(MappedFile::open(path).map_err(|e| {
+        let image: Arc<dyn ModelImage> = Arc::new(MappedFile::open(path).map_err(|e| {
             RuntimeError::new(RuntimeErrorKind::Engine(airs_engine::EngineError::new(
                 airs_engine::EngineErrorKind::Io(e),
             )))
         })?);
-        let bytes = airs_engine::ModelImage::bytes(&*image);
+        let pool = ModelPool::new(u64::MAX);
+        let charge = pool
+            .charge(
+                PoolUse::Weights,
+                image.bytes().len() as u64,
+                path.display().to_string(),
+            )
+            .map_err(|e| RuntimeError::new(RuntimeErrorKind::PoolFull(e)))?;
+        Engine::build(path, image, threads, pool, WeightsCharge::Direct(charge))
+    }
+
+    /// Load the GGUF file at `path` into a model region through `registry` (charged to its
+    /// pool; already-loaded models are shared) with `options`, and build the engine over it.
+    /// A model the pool cannot hold fails here with the registry's numbers.
+    pub fn load(
+        registry: &Arc<ModelRegistry>,
+        path: &Path,
+        options: &LoadOptions,
+        threads: usize,
+    ) -> Result<Engine> {
+        let opened = open_model_in(registry, path, options)?;
+        Engine::build(
+            path,
+            opened.dyn_image(),
+            threads,
+            registry.pool().clone(),
+            WeightsCharge::Registry(registry.clone()),
+        )
+    }
+
+    fn build(
+        path: &Path,
+        image: Arc<dyn ModelImage>,
+        threads: usize,
+        pool: Arc<ModelPool>,
+        weights: WeightsCharge,
+    ) -> Result<Engine> {
+        let model = airs_engine::image::load_model(image.clone())?;
+        let bytes = image.bytes();
         let size = bytes.len();
         let gguf = airs_gguf::Gguf::parse(bytes)
             .map_err(|e| RuntimeError::from(airs_engine::EngineError::from(e)))?;
-        let model = Model::new(image.clone(), &gguf)?;
+        let shape = ModelShape::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| {
             RuntimeError::from(airs_engine::EngineError::new(
                 airs_engine::EngineErrorKind::Tokenizer(e.to_string()),
@@ -75,24 +139,15 @@ impl Engine {
             template,
             runtime: Runtime::new(threads.max(1)),
             model_key: format!("{name}:{size}"),
+            shape,
+            pool,
+            _weights: weights,
         })
     }
 
-    /// An engine from parts already built (e.g. a model loaded into a model region).
-    pub fn from_parts(
-        model: Model,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
-        runtime: Runtime,
-        model_key: String,
-    ) -> Engine {
-        Engine {
-            model,
-            tokenizer,
-            template,
-            runtime,
-            model_key,
-        }
+    /// The model pool's account this engine's weights are charged to.
+    pub fn pool(&self) -> &Arc<ModelPool> {
+        &self.pool
     }
 
     fn render(&self, messages: &[ChatMessage], generation_prompt: bool) -> Result<String> {

@@ -43,6 +43,9 @@ pub enum RuntimeErrorKind {
     /// The KV pool cannot serve the request even after evicting every evictable session.
     #[error("{0}")]
     PoolExhausted(Box<PoolExhausted>),
+    /// The model pool's account has no room for the KV pool or scratch a manager needs.
+    #[error("{0}")]
+    PoolFull(airs_memory::PoolFull),
     /// An argument or configuration value was invalid.
     #[error("{0}")]
     Invalid(String),
@@ -124,8 +127,8 @@ pub struct PoolExhausted {
     pub session_name: String,
     /// The pool's own report for the last attempt.
     pub pool: airs_memory::PoolExhausted,
-    /// Block references the evictable sessions still held (evicting them all would have freed
-    /// at most this many; when that was not enough, nothing was evicted).
+    /// Blocks evicting every evictable session would have freed: their blocks that no other
+    /// session shares (when that was not enough, nothing was evicted).
     pub evictable_blocks: u64,
     /// Every session still holding blocks, the requester included.
     pub holders: Vec<Holder>,
@@ -137,7 +140,7 @@ impl fmt::Display for PoolExhausted {
         write!(
             f,
             "KV pool exhausted: session {:?} needs {} more blocks of {} bytes; {} are free or \
-             reclaimable and evicting every evictable session would free at most {} more (pool \
+             reclaimable and evicting every evictable session would free {} more (pool \
              of {} blocks, budget {} bytes); memory is held by ",
             self.session_name,
             p.needed_blocks,

@@ -97,3 +97,21 @@ pub fn check_pool(pool: &KvPool) -> Result<KvPoolStats, String> {
     }
     Ok(s)
 }
+
+/// The model pool's account holds no more than its capacity, and the weights, KV pools and
+/// scratch it lists add up to what it says is used.
+pub fn check_model_pool(pool: &airs_memory::ModelPool) -> Result<(), String> {
+    let u = pool.usage();
+    if u.used_bytes() > u.capacity_bytes || u.used_bytes() != pool.used_bytes() {
+        return Err(format!(
+            "model pool over budget or inconsistent: weights {} + KV {} + scratch {} of {} \
+             (account says {} used)",
+            u.weights_bytes,
+            u.kv_cache_bytes,
+            u.scratch_bytes,
+            u.capacity_bytes,
+            pool.used_bytes()
+        ));
+    }
+    Ok(())
+}

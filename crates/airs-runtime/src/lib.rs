@@ -39,9 +39,9 @@ pub use engine::Engine;
 pub use error::{Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 pub use idle::{Clock, ManualClock, SystemClock, damon_available};
 pub use manager::{
-    CacheState, EvictionEvent, ManagerConfig, PriorityEvictions, RebuildInfo, Reply,
-    RequestOptions, RuntimeEvent, RuntimeStats, SessionInfo, SessionManager, SessionSnapshot,
-    SessionSpec,
+    CacheState, EvictionEvent, ManagerConfig, ModelPoolStats, PriorityEvictions, RebuildInfo,
+    Reply, RequestOptions, RuntimeEvent, RuntimeStats, SessionInfo, SessionManager,
+    SessionSnapshot, SessionSpec,
 };
 pub use schedule::{RebuildMode, Schedule};
 pub use store::{Durability, HistoryStore, Role, SamplerSettings};

@@ -48,11 +48,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use airs_engine::footprint::Scratch;
 use airs_engine::{KvType, Logits, PagedKv, PagedKvConfig, PagedKvPool, Sampler, StopReason};
-use airs_memory::PinPolicy;
 use airs_memory::eviction::{
     EvictionPolicy, EvictionStep, Priority, Protection, SessionDescriptor, SessionId,
 };
+use airs_memory::{PinPolicy, PoolCharge, PoolUsage, PoolUse};
 use airs_tokenizer::{StreamDecoder, TokenId};
 use serde::Serialize;
 
@@ -313,6 +314,21 @@ pub struct RuntimeStats {
     pub schedule: &'static str,
     /// Whether the kernel offers DAMON (telemetry only: idleness is tracked by the runtime).
     pub damon_available: bool,
+    /// The model pool's account: everything the manager's model holds is charged there.
+    pub model_pool: ModelPoolStats,
+}
+
+/// The model pool's account at one instant (bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ModelPoolStats {
+    /// The pool's size (`u64::MAX` for an engine opened without a limit).
+    pub capacity_bytes: u64,
+    /// Weight regions (every model in the pool).
+    pub weights_bytes: u64,
+    /// KV pools' mappings.
+    pub kv_cache_bytes: u64,
+    pub scratch_bytes: u64,
+    pub free_bytes: u64,
 }
 
 impl RuntimeStats {
@@ -442,6 +458,8 @@ pub struct SessionManager {
     stats: RuntimeStats,
     /// Eviction steps applied during the current request.
     request_evictions: usize,
+    /// The scratch's share of the model pool (the KV pool holds its own charge).
+    _scratch: PoolCharge,
 }
 
 impl std::fmt::Debug for SessionManager {
@@ -488,7 +506,29 @@ impl SessionManager {
             kv_heads: m.kv_heads,
             head_dim: m.head_dim,
         };
-        let pool = PagedKvPool::new(
+        // Scratch, then the KV pool, both charged to the account holding the weights: the
+        // manager cannot start on memory the model pool does not have.
+        // No session holds more positions than the pool: the attention buffers' context.
+        let bytes_per_token = shape
+            .bytes_per_token(config.kv_type)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let context = (config.pool_bytes / bytes_per_token).clamp(1, m.context_len.max(1));
+        let scratch_bytes = Scratch::new(
+            &engine.shape,
+            context as u64,
+            engine.runtime.pool.threads() as u64,
+        )
+        .total();
+        let scratch = engine
+            .pool()
+            .charge(
+                PoolUse::Scratch,
+                scratch_bytes,
+                format!("forward passes of {}", engine.model_key),
+            )
+            .map_err(|e| RuntimeError::new(RuntimeErrorKind::PoolFull(e)))?;
+        let pool = PagedKvPool::new_charged(
             shape,
             config.kv_type,
             &PagedKvConfig {
@@ -496,6 +536,7 @@ impl SessionManager {
                 tokens_per_block: config.tokens_per_block,
                 pin: config.pin,
             },
+            engine.pool(),
         )?;
         let policy = EvictionPolicy {
             idle_threshold: config.idle_threshold,
@@ -523,6 +564,7 @@ impl SessionManager {
             events: Vec::new(),
             stats,
             request_evictions: 0,
+            _scratch: scratch,
         })
     }
 
@@ -672,6 +714,14 @@ impl SessionManager {
         let now = self.clock.now();
         let p = self.pool.stats();
         let mut s = self.stats.clone();
+        let u: PoolUsage = self.engine.pool().usage();
+        s.model_pool = ModelPoolStats {
+            capacity_bytes: u.capacity_bytes,
+            weights_bytes: u.weights_bytes,
+            kv_cache_bytes: u.kv_cache_bytes,
+            scratch_bytes: u.scratch_bytes,
+            free_bytes: u.free_bytes(),
+        };
         s.sessions = self.sessions.len();
         s.idle_sessions = self
             .sessions
@@ -1045,7 +1095,9 @@ impl SessionManager {
             .plan(&self.descriptors(requester, requester_kv), now);
         let need = e.needed_blocks;
         let mut available = e.available_blocks;
-        if u64::from(available) + plan.evictable_blocks() < u64::from(need) {
+        // What the whole plan would free — shared prefix blocks count only when every holder
+        // is evicted — decided before anyone is evicted.
+        if available.saturating_add(self.releasable(&plan)) < need {
             return Err(self.exhausted(requester, requester_kv, e));
         }
         let block_bytes = self.pool.block_bytes() as u64;
@@ -1115,6 +1167,28 @@ impl SessionManager {
         s.kv = (got > 0 && got.is_multiple_of(tpb)).then(|| new.with_max_len(context_len));
     }
 
+    /// Blocks that become available if every step of `plan` is applied: the victims' block
+    /// references beyond what each keeps, counted once per block and only when no kept table
+    /// (a protected session, the requester, a victim's kept prefix) still refers to it.
+    fn releasable(&self, plan: &airs_memory::eviction::EvictionPlan) -> u32 {
+        let mut keep: BTreeMap<SessionId, u32> = BTreeMap::new();
+        for step in &plan.steps {
+            let k = keep.entry(step.session).or_insert(step.keep_blocks);
+            *k = (*k).min(step.keep_blocks);
+        }
+        let dropped = keep.iter().flat_map(|(id, &k)| {
+            self.sessions
+                .get(id)
+                .and_then(|s| s.kv.as_ref())
+                .map(|kv| kv.table().blocks())
+                .unwrap_or(&[])
+                .iter()
+                .skip(k as usize)
+                .copied()
+        });
+        self.pool.memory().releasable_blocks(dropped)
+    }
+
     /// The failure report: every session holding blocks and why it was kept.
     fn exhausted(
         &self,
@@ -1125,7 +1199,7 @@ impl SessionManager {
         let now = self.clock.now();
         let block_bytes = self.pool.block_bytes();
         let descriptors = self.descriptors(requester, requester_kv);
-        let evictable_blocks = self.policy.plan(&descriptors, now).evictable_blocks();
+        let evictable_blocks = u64::from(self.releasable(&self.policy.plan(&descriptors, now)));
         let holders = descriptors
             .into_iter()
             .filter(|d| d.blocks_held > 0)

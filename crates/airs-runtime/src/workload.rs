@@ -48,9 +48,10 @@ use serde::{Deserialize, Serialize};
 use crate::engine::Engine;
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 use crate::idle::ManualClock;
-use crate::invariants::{check_eviction, check_pool};
+use crate::invariants::{check_eviction, check_model_pool, check_pool};
 use crate::manager::{
-    ManagerConfig, PriorityEvictions, RequestOptions, RuntimeEvent, SessionManager, SessionSpec,
+    ManagerConfig, ModelPoolStats, PriorityEvictions, RequestOptions, RuntimeEvent, SessionManager,
+    SessionSpec,
 };
 use crate::schedule::RebuildMode;
 use crate::store::{HistoryStore, SamplerSettings};
@@ -477,6 +478,8 @@ pub struct BenchReport {
     pub schedule: String,
     pub batch_invariant: bool,
     pub damon_available: bool,
+    /// The model pool's account at the end: weights, KV pool and scratch in one budget.
+    pub model_pool: ModelPoolStats,
     pub turns: Vec<TurnRecord>,
 }
 
@@ -538,6 +541,9 @@ fn serve(
             }
         }
         if let Err(v) = check_pool(manager.pool().memory()) {
+            violations.push(format!("step {}: {v}", t.step));
+        }
+        if let Err(v) = check_model_pool(manager.engine().pool()) {
             violations.push(format!("step {}: {v}", t.step));
         }
         let mut rec = TurnRecord {
@@ -699,6 +705,7 @@ pub fn run_bench(
         schedule: stats.schedule.to_string(),
         batch_invariant: stats.batch_invariant,
         damon_available: stats.damon_available,
+        model_pool: stats.model_pool.clone(),
         turns: records,
     })
 }
@@ -725,6 +732,18 @@ impl std::fmt::Display for BenchReport {
             self.peak_blocks_used,
             self.peak_used_bytes
         )?;
+        let mp = &self.model_pool;
+        if mp.capacity_bytes != u64::MAX {
+            writeln!(
+                f,
+                "model pool: {} bytes = weights {} + KV pool {} + scratch {} + free {}",
+                mp.capacity_bytes,
+                mp.weights_bytes,
+                mp.kv_cache_bytes,
+                mp.scratch_bytes,
+                mp.free_bytes
+            )?;
+        }
         writeln!(
             f,
             "{:<13} {:>6} {:>8} {:>11} {:>12} {:>12} {:>15}",

@@ -164,3 +164,73 @@ fn a_request_larger_than_the_pool_fails_cleanly() {
     );
     m.pool().memory().audit().unwrap();
 }
+
+/// Regression: a background session whose prompt blocks are shared with an active interactive
+/// session frees only its own blocks when evicted. The manager must count that before evicting:
+/// a reservation the pool cannot serve even after evicting it fails with nothing evicted, never
+/// after dropping the shared blocks for nothing (an eviction step that frees no block). Swept
+/// over reply lengths so that some requests fit and some miss by the shared blocks.
+#[test]
+fn shared_prefix_blocks_are_not_counted_as_freeable_before_evicting() {
+    let prompt = "Once upon a time there was a big red ball in the garden of a little house.";
+    let (mut failed, mut evicted_and_served) = (0, 0);
+    for max_tokens in (4..=72).step_by(4) {
+        let (mut m, clock) = manager(14, Duration::from_secs(300));
+        let alice = m
+            .open_session(&SessionSpec::new("alice", Priority::Interactive))
+            .unwrap();
+        let bg = m
+            .open_session(&SessionSpec::new("bg", Priority::Background))
+            .unwrap();
+        m.request(alice, prompt, &opts(16)).unwrap();
+        // bg shares alice's prompt blocks, then goes its own way.
+        let bg_prompt = format!("{prompt} Then a dog came and took the ball to the park.");
+        m.request(bg, &bg_prompt, &opts(16)).unwrap();
+        let used = m.pool().stats().blocks_used;
+        let held: u32 = m.sessions().iter().map(|s| s.blocks).sum();
+        assert!(
+            held > used,
+            "the two sessions share prompt blocks ({held} refs, {used} blocks)"
+        );
+        clock.advance(Duration::from_secs(1));
+        m.take_events();
+        let bg_blocks = |m: &airs_runtime::SessionManager| {
+            m.sessions().iter().find(|s| s.name == "bg").unwrap().blocks
+        };
+        let bg_before = bg_blocks(&m);
+        let carol = m
+            .open_session(&SessionSpec::new("carol", Priority::Interactive))
+            .unwrap();
+        let result = m.request(
+            carol,
+            "Tom had a little dog that liked to run and jump in the sun.",
+            &opts(max_tokens),
+        );
+        let mut evictions = 0;
+        for e in m.take_events() {
+            if let RuntimeEvent::Evicted(e) = e {
+                evictions += 1;
+                assert!(
+                    e.pool_blocks_freed > 0,
+                    "max_tokens {max_tokens}: an eviction step freed nothing: {e:?}"
+                );
+            }
+        }
+        match result {
+            Ok(_) => evicted_and_served += usize::from(evictions > 0),
+            Err(e) => {
+                assert!(e.pool_exhausted().is_some(), "{e}");
+                // bg kept at least the blocks it shares with alice.
+                assert!(
+                    bg_blocks(&m) >= bg_before.min(held - used),
+                    "max_tokens {max_tokens}"
+                );
+                failed += 1;
+            }
+        }
+    }
+    assert!(
+        failed > 0 && evicted_and_served > 0,
+        "{failed} failed, {evicted_and_served} evicted"
+    );
+}
