@@ -31,7 +31,9 @@
 //! ```
 //! Cost: see each module; the region costs the model's size in RAM and nothing per access.
 //! [`registry::ModelRegistry`] keeps several regions in one model pool: LRU eviction of models no
-//! session holds, security floors that are never evicted (§6.4 `select_victim`).
+//! session holds, security floors that are never evicted (§6.4 `select_victim`). The pool itself
+//! is one account, [`account::ModelPool`]: the registry charges weights, [`KvPool::new_charged`]
+//! KV blocks and the runtime its scratch, each before allocating.
 
 pub mod account;
 pub mod budget;
