@@ -6,6 +6,10 @@
 //! C tokens per session. It then adds the runtime overhead that lives outside the model pool to
 //! predict the peak resident set of `airs run`.
 //!
+//! The runtime enforces what `fit` predicts: `airs run`, `airs session` and `airs bench sessions`
+//! charge the same weights, KV pool and scratch ([`airs_engine::footprint`]) to one model-pool
+//! account before allocating them, with the same `--device-ram`/`--model-pool` flags.
+//!
 //! What is inside the model pool (the verdict compares this with the pool):
 //! - **weights**: the whole GGUF file rounded up to the base page, header included — the model
 //!   region is a byte-for-byte image of the file (§6.2) and is what the model registry charges;

@@ -14,14 +14,15 @@ use airs_memory::eviction::{Priority, Protection, SessionId};
 pub enum RuntimeErrorKind {
     /// The history database failed (open, schema, read or commit).
     #[error("history store: {0}")]
-    Store(#[source] rusqlite::Error),
+    // The message includes the cause; not also a `source` (printed chains would repeat it).
+    Store(rusqlite::Error),
     /// The database holds something this runtime cannot use (wrong schema version, a history
     /// that does not add up).
     #[error("history store is inconsistent: {0}")]
     Corrupt(String),
     /// The engine failed (forward pass, model or tokenizer).
     #[error("engine: {0}")]
-    Engine(#[source] airs_engine::EngineError),
+    Engine(airs_engine::EngineError),
     /// The chat template could not render the conversation.
     #[error("chat template: {0}")]
     Template(String),
