@@ -212,11 +212,8 @@ fn forward_prompt(
     kv: &mut ContiguousKv,
     prompt: &[u32],
 ) -> anyhow::Result<Vec<f32>> {
-    let mut logits = Vec::new();
-    for chunk in prompt.chunks(PREFILL_BATCH) {
-        logits = model.forward(rt, kv, chunk, Logits::Last)?;
-    }
-    Ok(logits)
+    // Layer-major over the passes while the weights are loading (see `Model::prefill`).
+    Ok(model.prefill(rt, kv, prompt, PREFILL_BATCH)?)
 }
 
 /// Decode steps per burst of the interleaved phase.

@@ -22,7 +22,9 @@
 //!   gate and up (`n_ff`), RoPE table, the quantized activation copies (one per activation
 //!   encoding the weights use, sized for the widest input, plus the tiled kernels' prepared
 //!   copy), per-thread matmul tiles and attention score buffers (group × context floats), the
-//!   last row's logits (vocab × 4 bytes) and the sampler's candidate arrays (vocab × 16 bytes).
+//!   last row's logits (vocab × 4 bytes), the sampler's candidate arrays (vocab × 16 bytes) and,
+//!   for a context longer than one batch, the residual stream of up to 4 batches, which a
+//!   prefill holds while it runs layer-major over a model still loading.
 //!
 //! Outside the model pool (user pool), but in the process's resident set:
 //! - **runtime**: the binary's code and data and the shared libraries resident while inference

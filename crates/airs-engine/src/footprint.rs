@@ -10,14 +10,17 @@
 //! activation encoding the weights use, sized for the widest input, plus the tiled kernels'
 //! prepared copy), per-thread matmul tiles and attention score buffers (group × context
 //! floats), the last row's logits (vocab × 4 bytes) and the sampler's candidate arrays
-//! (vocab × 16 bytes). `airs fit`'s tests hold it, with the weights and KV cache, within 5 % of
-//! the measured peak resident set of `airs run` on both real models.
+//! (vocab × 16 bytes), and, for contexts longer than one pass, the residual stream of the
+//! further passes a layer-major prefill holds while weights load. `airs fit`'s tests hold it,
+//! with the weights and KV cache, within 5 % of the measured peak resident set of `airs run` on
+//! both real models.
 //!
 //! Cost: one pass over the tensor table.
 
 use airs_gguf::{Gguf, ModelConfig};
 
 use crate::error::{EngineError, EngineErrorKind};
+use crate::forward::LAYER_MAJOR_PASSES;
 
 /// Most prompt tokens per prefill pass (`airs run` and the session manager use this batch).
 pub const PREFILL_BATCH: u64 = 512;
@@ -114,6 +117,9 @@ pub struct Scratch {
     pub logits: u64,
     /// Sampler candidates, probabilities and weights over the vocabulary.
     pub sampler: u64,
+    /// The residual stream of the further passes a layer-major prefill holds while the weights
+    /// are loading ([`crate::forward::LAYER_MAJOR_PASSES`]; 0 for contexts of one pass).
+    pub residual: u64,
 }
 
 impl Scratch {
@@ -141,10 +147,20 @@ impl Scratch {
             per_thread: threads * (tile + scores),
             logits: s.embd * 4 + s.vocab * 4,
             sampler: s.vocab * 16,
+            residual: context
+                .min(LAYER_MAJOR_PASSES as u64 * PREFILL_BATCH)
+                .saturating_sub(r)
+                * s.embd
+                * 4,
         }
     }
 
     pub fn total(&self) -> u64 {
-        self.activations + self.quantized + self.per_thread + self.logits + self.sampler
+        self.activations
+            + self.quantized
+            + self.per_thread
+            + self.logits
+            + self.sampler
+            + self.residual
     }
 }

@@ -4,7 +4,9 @@
 //! recurrence, grouped-query attention through a [`KvCache`], SwiGLU feed-forward, and the
 //! output projection.
 //!
-//! One call processes a batch of consecutive tokens (prefill) or one token (decode). Each
+//! One call processes a batch of consecutive tokens (prefill) or one token (decode); a prompt of
+//! several batches can also run *layer-major* (every batch through layer 0, then layer 1, …),
+//! bit-identical to batch after batch, which lets all of it overlap a lazy load. Each
 //! matrix product quantizes its input activations once (`QuantizedActs`) and splits weight
 //! rows across the thread pool; attention is split over (token, head) pairs. Cost per token:
 //! one pass over every weight byte (plus the output projection), and O(context × kv_len)
@@ -18,6 +20,11 @@ use crate::model::{Model, TensorRef};
 use crate::par::{DisjointOut, QuantizedActs, matmul};
 use crate::pool::ThreadPool;
 use airs_gguf::RopeStyle;
+
+/// Most passes a prefill runs layer-major at once while weights load ([`Model::prefill`]): it
+/// holds their residual stream (`passes × pass_rows × n_embd` floats), which the scratch
+/// estimate ([`crate::footprint`]) counts.
+pub const LAYER_MAJOR_PASSES: usize = 4;
 
 /// Which logits a forward pass returns.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -52,6 +59,40 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The activation buffers of one pass of up to `rows` tokens.
+struct PassScratch {
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: QuantizedActs,
+    norm: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl PassScratch {
+    fn new(cfg: &airs_gguf::ModelConfig, rows: usize) -> PassScratch {
+        let f = |len: usize| vec![0.0f32; rows * len];
+        PassScratch {
+            xn: f(cfg.embedding_len),
+            q: f(cfg.q_len()),
+            k: f(cfg.kv_len()),
+            v: f(cfg.kv_len()),
+            attn: f(cfg.q_len()),
+            proj: f(cfg.embedding_len),
+            gate: f(cfg.ff_len),
+            up: f(cfg.ff_len),
+            acts: QuantizedActs::default(),
+            norm: Vec::new(),
+            bias: Vec::new(),
+        }
+    }
+}
+
 impl Model {
     /// Run `tokens` at positions `kv.len()..` through the model, storing their keys and values
     /// in `kv`, and return the requested logits.
@@ -62,10 +103,61 @@ impl Model {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, EngineError> {
+        self.forward_passes(rt, kv, tokens, tokens.len().max(1), logits)
+    }
+
+    /// The passes of a prompt (at most `pass_rows` tokens each), returning the last token's
+    /// logits: pass by pass while the weights are resident (one pass's residual stream at a
+    /// time), layer-major ([`Model::forward_passes`]) in groups of [`LAYER_MAJOR_PASSES`] while
+    /// they are still loading, so that a long prompt, not only its first pass, overlaps the
+    /// load. The same bits either way.
+    pub fn prefill(
+        &self,
+        rt: &Runtime,
+        kv: &mut dyn KvCache,
+        tokens: &[u32],
+        pass_rows: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let pass_rows = pass_rows.max(1);
+        let mut logits = Vec::new();
+        if tokens.len() > pass_rows && self.image().is_loading() {
+            for group in tokens.chunks(pass_rows * LAYER_MAJOR_PASSES) {
+                logits = self.forward_passes(rt, kv, group, pass_rows, Logits::Last)?;
+            }
+        } else {
+            for pass in tokens.chunks(pass_rows) {
+                logits = self.forward(rt, kv, pass, Logits::Last)?;
+            }
+        }
+        if logits.is_empty() {
+            return Err(EngineError::invalid("forward pass over zero tokens"));
+        }
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] over `tokens` as consecutive passes of at most `pass_rows` tokens,
+    /// computed *layer-major*: layer 0 of every pass, then layer 1 of every pass, and so on.
+    /// Each pass computes exactly what `forward` on it would (the same rows, positions and
+    /// kernels: the results are bit-identical to calling `forward` pass by pass), but a layer's
+    /// weights are used by all passes before the next layer's are needed — so while the weights
+    /// are still loading (lazy or mmap), every pass of a long prompt overlaps the load, not only
+    /// the first. Costs the residual stream of all tokens (`tokens × n_embd` floats) on top of
+    /// one pass's scratch.
+    pub fn forward_passes(
+        &self,
+        rt: &Runtime,
+        kv: &mut dyn KvCache,
+        tokens: &[u32],
+        pass_rows: usize,
+        logits: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
         let cfg = &self.config;
         let n_tokens = tokens.len();
         if n_tokens == 0 {
             return Err(EngineError::invalid("forward pass over zero tokens"));
+        }
+        if pass_rows == 0 {
+            return Err(EngineError::invalid("passes of zero tokens"));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_len) {
             return Err(EngineError::new(EngineErrorKind::TokenOutOfRange {
@@ -79,9 +171,6 @@ impl Model {
         let image = self.image().bytes();
         let pool = &rt.pool;
         let n_embd = cfg.embedding_len;
-        let (q_len, kv_len, head_dim) = (cfg.q_len(), cfg.kv_len(), cfg.head_dim);
-        let group = cfg.heads / cfg.kv_heads;
-        let scale = 1.0 / (head_dim as f32).sqrt();
 
         // Residual stream: the embedding rows of the tokens.
         let mut x = vec![0.0f32; n_tokens * n_embd];
@@ -94,17 +183,84 @@ impl Model {
             .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
         }
 
-        let mut xn = vec![0.0f32; n_tokens * n_embd];
-        let mut q = vec![0.0f32; n_tokens * q_len];
-        let mut k = vec![0.0f32; n_tokens * kv_len];
-        let mut v = vec![0.0f32; n_tokens * kv_len];
-        let mut attn = vec![0.0f32; n_tokens * q_len];
-        let mut proj = vec![0.0f32; n_tokens * n_embd];
-        let mut gate = vec![0.0f32; n_tokens * cfg.ff_len];
-        let mut up = vec![0.0f32; n_tokens * cfg.ff_len];
-        let mut acts = QuantizedActs::default();
-        let (mut norm, mut bias) = (Vec::new(), Vec::new());
-        let rope = RopeTable::new(cfg.rope_dims, cfg.rope_base, pos0, n_tokens);
+        let mut scratch = PassScratch::new(cfg, pass_rows.min(n_tokens));
+        let passes: Vec<(usize, RopeTable)> = (0..n_tokens)
+            .step_by(pass_rows)
+            .map(|first| {
+                let rows = pass_rows.min(n_tokens - first);
+                let rope = RopeTable::new(cfg.rope_dims, cfg.rope_base, pos0 + first, rows);
+                (first, rope)
+            })
+            .collect();
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.image().enter_layer(l);
+            for (first, rope) in &passes {
+                let rows = rope.tokens;
+                let x_pass = &mut x[first * n_embd..(first + rows) * n_embd];
+                self.layer_pass(rt, kv, l, layer, x_pass, pos0 + first, rope, &mut scratch);
+            }
+        }
+        if let Some(e) = self.image().load_error() {
+            return Err(EngineError::new(EngineErrorKind::Load(e)));
+        }
+
+        // Output norm and projection, for the rows whose logits are wanted, per pass (as
+        // `forward` on each pass would compute them: the same bits).
+        let wanted: Vec<(usize, usize)> = match logits {
+            Logits::Last => vec![(n_tokens - 1, 1)],
+            Logits::All => passes.iter().map(|(first, r)| (*first, r.tokens)).collect(),
+        };
+        let rows_total: usize = wanted.iter().map(|&(_, rows)| rows).sum();
+        let mut out = vec![0.0f32; rows_total * cfg.vocab_len];
+        self.output_norm.decode_vector(image, &mut scratch.norm);
+        let act_type = airs_kernels::act_type(self.output.ty).expect("type checked at model load");
+        let mut at = 0;
+        for (first, rows) in wanted {
+            let x_out = &x[first * n_embd..(first + rows) * n_embd];
+            let xo = &mut scratch.xn[..rows * n_embd];
+            rms_norm(x_out, &scratch.norm, cfg.rms_eps, xo);
+            let acts = &mut scratch.acts;
+            acts.reset();
+            let a = acts.get(pool, act_type, xo, n_embd);
+            let out_rows = &mut out[at * cfg.vocab_len..(at + rows) * cfg.vocab_len];
+            matmul(pool, rt.isa, image, &self.output, a, rows, out_rows);
+            at += rows;
+        }
+        kv.set_len(pos0 + n_tokens);
+        Ok(out)
+    }
+
+    /// Layer `l` for one pass: the rows of `x` are the tokens at positions `pos0..`; their keys
+    /// and values are stored in `kv` (whose earlier positions of layer `l` must be there).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_pass(
+        &self,
+        rt: &Runtime,
+        kv: &mut dyn KvCache,
+        l: usize,
+        layer: &crate::model::LayerWeights,
+        x: &mut [f32],
+        pos0: usize,
+        rope: &RopeTable,
+        s: &mut PassScratch,
+    ) {
+        let cfg = &self.config;
+        let image = self.image().bytes();
+        let pool = &rt.pool;
+        let n_tokens = rope.tokens;
+        let (q_len, kv_len, head_dim) = (cfg.q_len(), cfg.kv_len(), cfg.head_dim);
+        let group = cfg.heads / cfg.kv_heads;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let n_embd = cfg.embedding_len;
+        let xn = &mut s.xn[..n_tokens * n_embd];
+        let q = &mut s.q[..n_tokens * q_len];
+        let k = &mut s.k[..n_tokens * kv_len];
+        let v = &mut s.v[..n_tokens * kv_len];
+        let attn = &mut s.attn[..n_tokens * q_len];
+        let proj = &mut s.proj[..n_tokens * n_embd];
+        let gate = &mut s.gate[..n_tokens * cfg.ff_len];
+        let up = &mut s.up[..n_tokens * cfg.ff_len];
+        let (acts, norm, bias) = (&mut s.acts, &mut s.norm, &mut s.bias);
 
         let mm = |acts: &mut QuantizedActs, w: &TensorRef, input: &[f32], out: &mut [f32]| {
             let act_type = airs_kernels::act_type(w.ty).expect("type checked at model load");
@@ -112,105 +268,80 @@ impl Model {
             matmul(pool, rt.isa, image, w, a, n_tokens, out);
         };
 
-        for (l, layer) in self.layers.iter().enumerate() {
-            self.image().enter_layer(l);
-            layer.attn_norm.decode_vector(image, &mut norm);
-            rms_norm(&x, &norm, cfg.rms_eps, &mut xn);
-            acts.reset();
-            mm(&mut acts, &layer.wq, &xn, &mut q);
-            mm(&mut acts, &layer.wk, &xn, &mut k);
-            mm(&mut acts, &layer.wv, &xn, &mut v);
-            for (out, b) in [
-                (&mut q, &layer.bq),
-                (&mut k, &layer.bk),
-                (&mut v, &layer.bv),
-            ] {
-                if let Some(b) = b {
-                    b.decode_vector(image, &mut bias);
-                    add_bias(out, &bias);
-                }
-            }
-            rope.apply(&mut q, cfg.heads, head_dim, cfg.rope_style);
-            rope.apply(&mut k, cfg.kv_heads, head_dim, cfg.rope_style);
-            kv.store(l, pos0, &k, &v);
-
-            // Attention, split over (token, KV head, slice of the query heads sharing that KV
-            // head): a slice attends all its heads at once, reading each K/V row once. Groups
-            // are sliced only as far as needed to give every thread work (decode has
-            // `kv_heads` items per token).
-            {
-                let kv_ref: &dyn KvCache = kv;
-                let writer = DisjointOut::new(&mut attn);
-                let q = &q;
-                let pairs = n_tokens * cfg.kv_heads;
-                let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
-                let slices = group.div_ceil(per_slice);
-                pool.for_chunks(pairs * slices, 1, &|range| {
-                    SCORES.with(|scores| {
-                        let mut scores = scores.borrow_mut();
-                        for item in range {
-                            let (t, rest) = (
-                                item / (cfg.kv_heads * slices),
-                                item % (cfg.kv_heads * slices),
-                            );
-                            let (g, s) = (rest / slices, rest % slices);
-                            let h0 = g * group + s * per_slice;
-                            let h1 = (h0 + per_slice).min((g + 1) * group);
-                            let n_ctx = pos0 + t + 1;
-                            if scores.len() < (h1 - h0) * n_ctx {
-                                scores.resize((h1 - h0) * n_ctx, 0.0);
-                            }
-                            let at = t * q_len + h0 * head_dim;
-                            let end = t * q_len + h1 * head_dim;
-                            // SAFETY: each (token, KV head, slice) item is visited once and owns
-                            // the disjoint output range of its query heads, [at, end).
-                            let out = unsafe { writer.slice(at..end) };
-                            kv_ref.attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
-                        }
-                    });
-                });
-            }
-            acts.reset();
-            mm(&mut acts, &layer.wo, &attn, &mut proj);
-            add_into(&mut x, &proj);
-
-            layer.ffn_norm.decode_vector(image, &mut norm);
-            rms_norm(&x, &norm, cfg.rms_eps, &mut xn);
-            acts.reset();
-            mm(&mut acts, &layer.w_gate, &xn, &mut gate);
-            mm(&mut acts, &layer.w_up, &xn, &mut up);
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
-            }
-            acts.reset();
-            mm(&mut acts, &layer.w_down, &gate, &mut proj);
-            add_into(&mut x, &proj);
-        }
-        if let Some(e) = self.image().load_error() {
-            return Err(EngineError::new(EngineErrorKind::Load(e)));
-        }
-
-        // Output norm and projection, for the rows whose logits are wanted.
-        let first = match logits {
-            Logits::Last => n_tokens - 1,
-            Logits::All => 0,
-        };
-        let rows = n_tokens - first;
-        let x_out = &x[first * n_embd..];
-        let mut xo = vec![0.0f32; rows * n_embd];
-        self.output_norm.decode_vector(image, &mut norm);
-        rms_norm(x_out, &norm, cfg.rms_eps, &mut xo);
-        let mut out = vec![0.0f32; rows * cfg.vocab_len];
-        let act_type = airs_kernels::act_type(self.output.ty).expect("type checked at model load");
+        layer.attn_norm.decode_vector(image, norm);
+        rms_norm(x, norm, cfg.rms_eps, xn);
         acts.reset();
-        let a = acts.get(pool, act_type, &xo, n_embd);
-        matmul(pool, rt.isa, image, &self.output, a, rows, &mut out);
-        kv.set_len(pos0 + n_tokens);
-        Ok(out)
+        mm(acts, &layer.wq, xn, q);
+        mm(acts, &layer.wk, xn, k);
+        mm(acts, &layer.wv, xn, v);
+        for (out, b) in [
+            (&mut *q, &layer.bq),
+            (&mut *k, &layer.bk),
+            (&mut *v, &layer.bv),
+        ] {
+            if let Some(b) = b {
+                b.decode_vector(image, bias);
+                add_bias(out, bias);
+            }
+        }
+        rope.apply(q, cfg.heads, head_dim, cfg.rope_style);
+        rope.apply(k, cfg.kv_heads, head_dim, cfg.rope_style);
+        kv.store(l, pos0, k, v);
+
+        // Attention, split over (token, KV head, slice of the query heads sharing that KV
+        // head): a slice attends all its heads at once, reading each K/V row once. Groups
+        // are sliced only as far as needed to give every thread work (decode has
+        // `kv_heads` items per token).
+        {
+            let kv_ref: &dyn KvCache = kv;
+            let writer = DisjointOut::new(attn);
+            let q = &*q;
+            let pairs = n_tokens * cfg.kv_heads;
+            let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
+            let slices = group.div_ceil(per_slice);
+            pool.for_chunks(pairs * slices, 1, &|range| {
+                SCORES.with(|scores| {
+                    let mut scores = scores.borrow_mut();
+                    for item in range {
+                        let (t, rest) = (
+                            item / (cfg.kv_heads * slices),
+                            item % (cfg.kv_heads * slices),
+                        );
+                        let (g, s) = (rest / slices, rest % slices);
+                        let h0 = g * group + s * per_slice;
+                        let h1 = (h0 + per_slice).min((g + 1) * group);
+                        let n_ctx = pos0 + t + 1;
+                        if scores.len() < (h1 - h0) * n_ctx {
+                            scores.resize((h1 - h0) * n_ctx, 0.0);
+                        }
+                        let at = t * q_len + h0 * head_dim;
+                        let end = t * q_len + h1 * head_dim;
+                        // SAFETY: each (token, KV head, slice) item is visited once and owns
+                        // the disjoint output range of its query heads, [at, end).
+                        let out = unsafe { writer.slice(at..end) };
+                        kv_ref.attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
+                    }
+                });
+            });
+        }
+        acts.reset();
+        mm(acts, &layer.wo, attn, proj);
+        add_into(x, proj);
+
+        layer.ffn_norm.decode_vector(image, norm);
+        rms_norm(x, norm, cfg.rms_eps, xn);
+        acts.reset();
+        mm(acts, &layer.w_gate, xn, gate);
+        mm(acts, &layer.w_up, xn, up);
+        for (g, u) in gate.iter_mut().zip(up.iter()) {
+            *g = silu(*g) * u;
+        }
+        acts.reset();
+        mm(acts, &layer.w_down, gate, proj);
+        add_into(x, proj);
     }
 }
 
-/// RMSNorm of every row of `x` times `weight`, as ggml computes it (f64 sum of squares).
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = weight.len();
     for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {

@@ -166,10 +166,7 @@ pub fn generate(
             "nothing to compute: the prompt is empty or already fully cached",
         ));
     }
-    let mut logits = Vec::new();
-    for chunk in todo.chunks(config.prefill_batch.max(1)) {
-        logits = model.forward(rt, kv, chunk, Logits::Last)?;
-    }
+    let mut logits = model.prefill(rt, kv, todo, config.prefill_batch)?;
     let prefill_time = start.elapsed();
 
     let mut sampler = Sampler::new(config.sampler.clone());

@@ -39,6 +39,13 @@ pub trait ModelImage: Send + Sync {
     fn load_error(&self) -> Option<String> {
         None
     }
+
+    /// Whether weights are still being loaded into the image (a lazy region not yet resident):
+    /// long prompts then run layer-major ([`crate::Model::prefill`]) so that all of their
+    /// passes overlap the load.
+    fn is_loading(&self) -> bool {
+        false
+    }
 }
 
 /// A read-only memory map of a model file (the kernel pages it in on demand).
@@ -133,6 +140,10 @@ impl ModelImage for RegionImage {
 
     fn load_error(&self) -> Option<String> {
         self.loader.error().map(|e| describe(&e))
+    }
+
+    fn is_loading(&self) -> bool {
+        !self.loader.is_resident()
     }
 }
 

@@ -367,3 +367,66 @@ fn stories_forced_fallbacks_keep_logits_and_report_notices() {
 fn qwen_forced_fallbacks_keep_logits_and_report_notices() {
     fallbacks_keep_logits(&qwen_path(), &qwen_prompt(), 2);
 }
+
+/// A prompt of several passes prefilled while a (slow) lazy load is still running runs
+/// layer-major — every pass overlaps the load, not only the first — and gives bitwise the
+/// logits of the same passes run one after another on the resident model (`Model::prefill`),
+/// on both real models. Also checks `forward_passes` against pass-by-pass for every token's
+/// logits on a plain map.
+fn layer_major_prefill_matches_pass_by_pass(path: &Path, prompt: &[u32], pass_rows: usize) {
+    let rt = Runtime::new(2);
+    let new_kv = |model: &Model| {
+        let shape = KvShape {
+            layers: model.config.layers,
+            kv_heads: model.config.kv_heads,
+            head_dim: model.config.head_dim,
+        };
+        ContiguousKv::new(shape, prompt.len() + 1, KvType::F32)
+    };
+    let image = Arc::new(MappedFile::open(path).unwrap());
+    let mapped = airs_engine::image::load_model(image).unwrap();
+    // Pass by pass, every token's logits, then the last token's.
+    let mut kv = new_kv(&mapped);
+    let mut want_all = Vec::new();
+    for pass in prompt.chunks(pass_rows) {
+        want_all.extend(mapped.forward(&rt, &mut kv, pass, Logits::All).unwrap());
+    }
+    let vocab = mapped.config.vocab_len;
+    let want_last = want_all[want_all.len() - vocab..].to_vec();
+    let mut kv = new_kv(&mapped);
+    let got_all = mapped
+        .forward_passes(&rt, &mut kv, prompt, pass_rows, Logits::All)
+        .unwrap();
+    assert_bitwise_equal("forward_passes", &[got_all], &[want_all]);
+
+    // Paced so that the load is still running while the prompt is prefilled.
+    let file_len = std::fs::metadata(path).unwrap().len();
+    let options = LoadOptions {
+        storage_bytes_per_s: Some(file_len / 2),
+        chunk_bytes: airs_memory::MIN_CHUNK_BYTES,
+        ..LoadOptions::with_loader(LoaderKind::Lazy)
+    };
+    let opened = open(path, &options);
+    if opened.region().loader_kind() != LoaderKind::Lazy {
+        eprintln!("userfaultfd unavailable: layer-major prefill over a lazy load not exercised");
+        return;
+    }
+    let model = opened.model().unwrap();
+    assert!(opened.dyn_image().is_loading(), "the load already finished");
+    let mut kv = new_kv(&model);
+    let got = model.prefill(&rt, &mut kv, prompt, pass_rows).unwrap();
+    assert_bitwise_equal("lazy layer-major prefill", &[got], &[want_last]);
+    assert_eq!(airs_engine::KvCache::len(&kv), prompt.len());
+}
+
+#[test]
+fn stories_layer_major_prefill_during_a_lazy_load_matches_pass_by_pass() {
+    let prompt: Vec<u32> = (0..100).map(|i| 1 + (i * 37) % 500).collect();
+    layer_major_prefill_matches_pass_by_pass(&stories_path(), &prompt, 16);
+}
+
+#[test]
+fn qwen_layer_major_prefill_during_a_lazy_load_matches_pass_by_pass() {
+    let reference = Reference::load("qwen2.5-coder-0.5b-q4km.raw-inventory-176tok.kvf32");
+    layer_major_prefill_matches_pass_by_pass(&qwen_path(), &reference.prompt_token_ids, 64);
+}
