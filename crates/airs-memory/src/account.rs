@@ -22,6 +22,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::registry::List;
+
 /// What a charge pays for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolUse {
@@ -93,7 +95,7 @@ impl PoolUsage {
     usage,
     label,
     Bytes(*free_bytes),
-    Holders(holders)
+    List(holders)
 )]
 pub struct PoolFull {
     pub usage: PoolUse,
@@ -260,23 +262,6 @@ impl fmt::Display for Bytes {
         } else {
             write!(f, "{:.1} MiB", self.0 as f64 / (1u64 << 20) as f64)
         }
-    }
-}
-
-struct Holders<'a>(&'a [ChargeInfo]);
-
-impl fmt::Display for Holders<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            return f.write_str("nothing");
-        }
-        for (i, c) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{c}")?;
-        }
-        Ok(())
     }
 }
 

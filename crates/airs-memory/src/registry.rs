@@ -200,9 +200,10 @@ impl fmt::Display for Mib {
     }
 }
 
-struct List<'a>(&'a [ModelInfo]);
+/// Items separated by ", ", or "nothing" (error messages naming what holds memory).
+pub(crate) struct List<'a, T>(pub(crate) &'a [T]);
 
-impl fmt::Display for List<'_> {
+impl<T: fmt::Display> fmt::Display for List<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_empty() {
             return f.write_str("nothing");

@@ -252,15 +252,20 @@ proptest! {
     }
 }
 
-#[test]
-fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
-    let pool = KvPool::new(KvPoolConfig {
+/// An unpinned pool of 8 blocks of 4 positions.
+fn eight_blocks_of_four() -> Arc<KvPool> {
+    KvPool::new(KvPoolConfig {
         pool_bytes: 8 * 4 * ROW,
         bytes_per_token: ROW,
         tokens_per_block: 4,
         pin: PinPolicy::None,
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
+    let pool = eight_blocks_of_four();
     let mut unique = 0;
     let mut a = Seq {
         table: pool.new_table(None),
@@ -290,13 +295,7 @@ fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
 
 #[test]
 fn releasable_blocks_counts_shared_blocks_only_when_every_holder_lets_go() {
-    let pool = KvPool::new(KvPoolConfig {
-        pool_bytes: 8 * 4 * ROW,
-        bytes_per_token: ROW,
-        tokens_per_block: 4,
-        pin: PinPolicy::None,
-    })
-    .unwrap();
+    let pool = eight_blocks_of_four();
     let mut a = pool.new_table(None);
     a.extend_tokens(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
     a.reserve(9).unwrap();
