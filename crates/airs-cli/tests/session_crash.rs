@@ -149,3 +149,30 @@ fn one_turn_at_a_time_prints_the_committed_reply() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_kv_pool_the_model_pool_cannot_hold_fails_and_leaves_no_trace() {
+    let dir = temp_dir("pool");
+    // 4 MiB hold the weights (1.1 MiB) and the scratch, not a 1 MiB KV pool beside them.
+    let out = airs(&dir, &["--model-pool", "4M", "Hello there."])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot hold"), "{stderr}");
+    assert!(stderr.contains("weights"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    // With room for all three, the same turn is served and committed; the failed attempt left
+    // no trace in the history (system, user, assistant: three messages).
+    let ok = airs(&dir, &["--model-pool", "16M", "Hello there."])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(history(&dir).as_array().unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
