@@ -145,3 +145,58 @@ fn a_model_load_does_not_take_memory_kv_caches_hold() {
     );
     assert_eq!(registry.pool().usage().weights_bytes, 0);
 }
+
+/// Two real models share one pool through the registry: a load that needs room evicts the least
+/// recently used model no engine holds, never a held one or a floor; a model that can never fit
+/// fails up front with the numbers.
+#[test]
+fn real_models_share_the_pool_lru_unheld_evicted_floors_kept() {
+    let qwen = airs_testdata::qwen_path();
+    let stories = airs_testdata::stories_path();
+    let copy = std::env::temp_dir().join(format!("airs-pool-{}-copy.gguf", std::process::id()));
+    std::fs::copy(&stories, &copy).unwrap();
+    let page = airs_memory::page_size() as u64;
+    let charge = |p: &std::path::Path| std::fs::metadata(p).unwrap().len().div_ceil(page) * page;
+    // Room for Qwen and one stories260K, not two.
+    let pool = charge(&qwen) + charge(&stories) + charge(&stories) / 2;
+    let registry = Arc::new(ModelRegistry::new(pool));
+    let eager = LoadOptions::with_loader(LoaderKind::Eager);
+    let load = |p: &std::path::Path| Engine::load(&registry, p, &eager, 1).unwrap();
+    let paths = |r: &ModelRegistry| -> Vec<String> {
+        r.models()
+            .iter()
+            .map(|m| m.path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    let qwen_name = qwen.file_name().unwrap().to_string_lossy().into_owned();
+    let copy_name = copy.file_name().unwrap().to_string_lossy().into_owned();
+
+    let e_qwen = load(&qwen);
+    drop(load(&stories));
+    // Qwen is held by its engine; stories260K is not: the copy evicts stories260K.
+    let e_copy = load(&copy);
+    assert_eq!(paths(&registry), [qwen_name.clone(), copy_name.clone()]);
+    drop(e_copy);
+
+    // Qwen is now the least recently used and unheld, but a floor: stories260K evicts the copy.
+    let qwen_id = registry.find(&qwen).unwrap();
+    registry.set_floor(qwen_id, true).unwrap();
+    drop(e_qwen);
+    let _e_stories = load(&stories);
+    assert_eq!(
+        paths(&registry),
+        [qwen_name, "stories260K.gguf".to_string()]
+    );
+    assert!(registry.pool().used_bytes() <= pool);
+
+    // A pool smaller than Qwen's weights: refused before anything is read.
+    let small = Arc::new(ModelRegistry::new(100 << 20));
+    let err = Engine::load(&small, &qwen, &eager, 1).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("but the model pool holds 100 MiB"),
+        "{message}"
+    );
+    assert_eq!(small.pool().used_bytes(), 0);
+    let _ = std::fs::remove_file(&copy);
+}
