@@ -227,9 +227,12 @@ pub(crate) fn encode_row(ty: KvType, src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Decode one head's row of `out.len()` values of type `ty`.
+/// Decode one head's row of `out.len()` values of type `ty`. With `F16C`, f16 values are
+/// converted 8 at a time by the CPU's `vcvtph2ps` (exact, like the portable conversion: the
+/// same bits). `F16C` may only be true where the CPU supports F16C and the caller is compiled
+/// with it ([`attend_runs_avx2`]).
 #[inline(always)]
-fn decode_row(ty: KvType, src: &[u8], out: &mut [f32]) {
+fn decode_row_with<const F16C: bool>(ty: KvType, src: &[u8], out: &mut [f32]) {
     match ty {
         KvType::F32 => {
             for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
@@ -237,7 +240,25 @@ fn decode_row(ty: KvType, src: &[u8], out: &mut [f32]) {
             }
         }
         KvType::F16 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+            let mut done = 0;
+            #[cfg(target_arch = "x86_64")]
+            if F16C {
+                use std::arch::x86_64::{
+                    __m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps,
+                };
+                for (o, b) in out.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+                    // SAFETY: `F16C` is true only inside `attend_runs_avx2`, which runs after
+                    // runtime detection of AVX2 and F16C and is compiled with both; the load
+                    // reads the 16 bytes of `b` and the store writes the 8 floats of `o`, both
+                    // unaligned-safe intrinsics on in-bounds slices.
+                    unsafe {
+                        let h = _mm_loadu_si128(b.as_ptr().cast::<__m128i>());
+                        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(h));
+                    }
+                    done += 8;
+                }
+            }
+            for (o, b) in out[done..].iter_mut().zip(src[2 * done..].chunks_exact(2)) {
                 *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
@@ -372,18 +393,18 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     scores: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement of a
-        // `target_feature(enable = "avx2")` function.
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU supports AVX2 and F16C (checked just above), the only requirement of
+        // a `target_feature(enable = "avx2,f16c")` function.
         unsafe { attend_runs_avx2(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
         return;
     }
-    attend_runs_any(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+    attend_runs_any::<false, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
 }
 
-/// [`attend_runs`] compiled for AVX2.
+/// [`attend_runs`] compiled for AVX2, converting f16 rows with F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[allow(clippy::too_many_arguments)]
 fn attend_runs_avx2<'a, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
@@ -396,13 +417,13 @@ fn attend_runs_avx2<'a, F: Fn(usize) -> RowRun<'a>>(
     out: &mut [f32],
     scores: &mut [f32],
 ) {
-    attend_runs_any(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+    attend_runs_any::<true, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
 }
 
 /// The body of [`attend_runs`], inlined into each instruction-set build.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_runs_any<'a, F: Fn(usize) -> RowRun<'a>>(
+fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
     head_dim: usize,
     runs: usize,
@@ -459,7 +480,7 @@ fn attend_runs_any<'a, F: Fn(usize) -> RowRun<'a>>(
             } else {
                 let buf = &mut rows_buf[..n * head_dim];
                 for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
-                    decode_row(ty, row(i), o);
+                    decode_row_with::<F16C>(ty, row(i), o);
                 }
                 for h in 0..heads {
                     let qh = &q_f32[h * head_dim..(h + 1) * head_dim];
@@ -509,7 +530,7 @@ fn attend_runs_any<'a, F: Fn(usize) -> RowRun<'a>>(
             let buf = &mut rows_buf[..n * head_dim];
             for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
                 let at = (i0 + i) * stride;
-                decode_row(ty, &v[at..at + row_bytes], o);
+                decode_row_with::<F16C>(ty, &v[at..at + row_bytes], o);
             }
             for h in 0..heads {
                 let oh = &mut out[h * head_dim..(h + 1) * head_dim];
@@ -696,7 +717,7 @@ mod tests {
         encode_row(KvType::Q8_0, &x, &mut a);
         encode_row(KvType::Q8_0, &y, &mut b);
         let mut back = vec![0.0; 64];
-        decode_row(KvType::Q8_0, &a, &mut back);
+        decode_row_with::<false>(KvType::Q8_0, &a, &mut back);
         for (u, v) in x.iter().zip(&back) {
             assert!((u - v).abs() <= 2.7 / 127.0 + 1e-6);
         }
@@ -707,9 +728,16 @@ mod tests {
 
     #[test]
     fn every_instruction_set_build_computes_the_same_bits() {
-        let head_dim = 64;
         let n = 77;
-        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        // 20: rows that are not a multiple of the 8 values F16C converts at once.
+        let cases = [
+            (64, KvType::F32),
+            (64, KvType::F16),
+            (64, KvType::Q8_0),
+            (20, KvType::F32),
+            (20, KvType::F16),
+        ];
+        for (head_dim, ty) in cases {
             let rb = ty.row_bytes(head_dim).unwrap();
             let mut k = vec![0u8; n * rb];
             let mut v = vec![0u8; n * rb];
@@ -742,7 +770,7 @@ mod tests {
             let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
             let runs = n.div_ceil(16);
             attend_runs(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores);
-            attend_runs_any(ty, head_dim, runs, run, &q, n, 0.125, &mut b, &mut scores);
+            attend_runs_any::<false, _>(ty, head_dim, runs, run, &q, n, 0.125, &mut b, &mut scores);
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "{ty:?}");
         }
