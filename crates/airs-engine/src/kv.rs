@@ -209,6 +209,84 @@ fn round_f16(x: f32) -> f32 {
     f16_to_f32(f32_to_f16(x))
 }
 
+/// `x[i] = round_f16(x[i] · scale)`; with `F16C` 8 at a time by `vcvtps2ph`/`vcvtph2ps`, which
+/// round to nearest even exactly as [`f32_to_f16`] does for finite values (the same bits).
+/// `F16C` may only be true where the CPU supports F16C and the caller is compiled with it.
+#[inline(always)]
+fn round_f16_scaled<const F16C: bool>(x: &mut [f32], scale: f32) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        use std::arch::x86_64::{
+            _MM_FROUND_TO_NEAREST_INT, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps,
+            _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps,
+        };
+        for c in x.chunks_exact_mut(8) {
+            // SAFETY: `F16C` is true only inside `attend_runs_avx2`, which runs after runtime
+            // detection of AVX2 and F16C and is compiled with both; the load and store touch the
+            // 8 floats of `c`, with unaligned-safe intrinsics.
+            unsafe {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(scale));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+            done += 8;
+        }
+    }
+    for v in &mut x[done..] {
+        *v = round_f16(*v * scale);
+    }
+}
+
+/// e^x for x ≤ 0 (softmax weights: scores minus their maximum), in plain f32 arithmetic that
+/// vectorizes: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, ln 2 split in two), e^r by its
+/// degree-7 Taylor polynomial (truncation error < 1e-8 relative), scaled by 2^n through the
+/// exponent bits. Relative error a few ulp; below −87.33 (where e^x leaves the normal range)
+/// it returns e^−87.33 ≈ 1.2e−38, which no softmax weight can tell from 0. Every build computes
+/// the same bits (no fused or reordered operations).
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    // Cephes' split: LN2_HI has 9 significant bits, so n · LN2_HI is exact for |n| < 2^15.
+    const LN2_HI: f32 = 0.693_359_4; // 355/512
+    const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 − LN2_HI
+    let x = x.max(-87.33);
+    let n = (x * LOG2_E + 0.5).floor();
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + c;
+    }
+    // n ∈ [−126, 0]: 2^n is a normal float.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Σ x as f64, in four interleaved partial sums (independent dependency chains), combined
+/// pairwise: one fixed order in every build.
+#[inline(always)]
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut chunks = x.chunks_exact(4);
+    for c in &mut chunks {
+        for k in 0..4 {
+            acc[k] += f64::from(c[k]);
+        }
+    }
+    let mut sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for &v in chunks.remainder() {
+        sum += f64::from(v);
+    }
+    sum
+}
+
 /// Encode one head's row of `src.len()` values as `ty` into `dst` (`ty.row_bytes` bytes).
 pub(crate) fn encode_row(ty: KvType, src: &[f32], dst: &mut [u8]) {
     match ty {
@@ -497,16 +575,13 @@ fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
     // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`.
     for s in scores.chunks_exact_mut(n_ctx) {
         let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0.0f64;
         for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += f64::from(*x);
+            *x = exp_nonpositive(*x - max);
         }
+        let sum = sum_f64(s);
         let inv = (1.0 / sum) as f32;
         if ty == KvType::F16 {
-            for x in s.iter_mut() {
-                *x = round_f16(*x * inv);
-            }
+            round_f16_scaled::<F16C>(s, inv);
         } else {
             for x in s.iter_mut() {
                 *x *= inv;
@@ -724,6 +799,24 @@ mod tests {
         let want =
             airs_kernels::dot(airs_kernels::Isa::Scalar, GgmlType::Q8_0, 64, &a, &b).unwrap();
         assert!((dot_q8_0(&a, &b) - want).abs() <= want.abs() * 1e-6);
+    }
+
+    #[test]
+    fn softmax_exp_is_within_a_few_ulp_of_exp() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let got = f64::from(exp_nonpositive(x));
+            let want = f64::from(x).exp();
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(
+            worst < 4.0 * f64::from(f32::EPSILON),
+            "relative error {worst}"
+        );
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert!(exp_nonpositive(-1000.0) < 1.2e-38 && exp_nonpositive(-1000.0) > 0.0);
+        assert!(exp_nonpositive(f32::NEG_INFINITY) < 1.2e-38);
     }
 
     #[test]
