@@ -16,6 +16,7 @@ use airs_kernels::Isa;
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
+use crate::math::silu;
 use crate::model::{Model, TensorRef};
 use crate::par::{DisjointOut, QuantizedActs, matmul};
 use crate::pool::ThreadPool;
@@ -333,9 +334,7 @@ impl Model {
         acts.reset();
         mm(acts, &layer.w_gate, xn, gate);
         mm(acts, &layer.w_up, xn, up);
-        for (g, u) in gate.iter_mut().zip(up.iter()) {
-            *g = silu(*g) * u;
-        }
+        swiglu(pool, gate, up);
         acts.reset();
         mm(acts, &layer.w_down, gate, proj);
         add_into(x, proj);
@@ -354,6 +353,21 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `gate[i] = silu(gate[i]) · up[i]`, in chunks spread over the pool (each element computed
+/// the same way whatever the split).
+fn swiglu(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
+    const CHUNK: usize = 4096;
+    let writer = DisjointOut::new(gate);
+    pool.for_chunks(up.len(), CHUNK, &|range| {
+        // SAFETY: `for_chunks` hands every index range to exactly one call, so the slices
+        // written concurrently are disjoint.
+        let g = unsafe { writer.slice(range.clone()) };
+        for (g, &u) in g.iter_mut().zip(&up[range]) {
+            *g = silu(*g) * u;
+        }
+    });
+}
+
 fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         add_into(row, bias);
@@ -364,11 +378,6 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// cos/sin of every rotated pair at every position of a batch, with ggml's recurrence

@@ -238,37 +238,6 @@ fn round_f16_scaled<const F16C: bool>(x: &mut [f32], scale: f32) {
     }
 }
 
-/// e^x for x ≤ 0 (softmax weights: scores minus their maximum), in plain f32 arithmetic that
-/// vectorizes: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, ln 2 split in two), e^r by its
-/// degree-7 Taylor polynomial (truncation error < 1e-8 relative), scaled by 2^n through the
-/// exponent bits. Relative error a few ulp; below −87.33 (where e^x leaves the normal range)
-/// it returns e^−87.33 ≈ 1.2e−38, which no softmax weight can tell from 0. Every build computes
-/// the same bits (no fused or reordered operations).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    // Cephes' split: LN2_HI has 9 significant bits, so n · LN2_HI is exact for |n| < 2^15.
-    const LN2_HI: f32 = 0.693_359_4; // 355/512
-    const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 − LN2_HI
-    let x = x.max(-87.33);
-    let n = (x * LOG2_E + 0.5).floor();
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = p * r + c;
-    }
-    // n ∈ [−126, 0]: 2^n is a normal float.
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
 /// Σ x as f64, in four interleaved partial sums (independent dependency chains), combined
 /// pairwise: one fixed order in every build.
 #[inline(always)]
@@ -576,7 +545,7 @@ fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
     for s in scores.chunks_exact_mut(n_ctx) {
         let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         for x in s.iter_mut() {
-            *x = exp_nonpositive(*x - max);
+            *x = crate::math::exp(*x - max);
         }
         let sum = sum_f64(s);
         let inv = (1.0 / sum) as f32;
@@ -799,24 +768,6 @@ mod tests {
         let want =
             airs_kernels::dot(airs_kernels::Isa::Scalar, GgmlType::Q8_0, 64, &a, &b).unwrap();
         assert!((dot_q8_0(&a, &b) - want).abs() <= want.abs() * 1e-6);
-    }
-
-    #[test]
-    fn softmax_exp_is_within_a_few_ulp_of_exp() {
-        let mut worst = 0.0f64;
-        for i in 0..=200_000 {
-            let x = -87.0 * i as f32 / 200_000.0;
-            let got = f64::from(exp_nonpositive(x));
-            let want = f64::from(x).exp();
-            worst = worst.max((got - want).abs() / want);
-        }
-        assert!(
-            worst < 4.0 * f64::from(f32::EPSILON),
-            "relative error {worst}"
-        );
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert!(exp_nonpositive(-1000.0) < 1.2e-38 && exp_nonpositive(-1000.0) > 0.0);
-        assert!(exp_nonpositive(f32::NEG_INFINITY) < 1.2e-38);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod forward;
 pub mod generate;
 pub mod image;
 pub mod kv;
+mod math;
 pub mod model;
 pub mod paged;
 mod par;
