@@ -40,6 +40,11 @@
 //! manager's [`Clock`]; the policy calls an interactive session idle once that is older than
 //! the idle threshold. DAMON is reported, never used ([`crate::idle`]).
 //!
+//! Memory: a manager charges its KV pool (`pool_bytes`, mapped whole) and its scratch (the
+//! engine's estimate for one pass over a context as long as the pool holds) to the model-pool
+//! account that holds the engine's weights, at creation: a manager the pool cannot hold fails
+//! there, naming what holds the pool, and nothing it allocates later is outside the account.
+//!
 //! Cost: a request costs its forward passes plus, when it evicts, one policy plan (O(sessions ×
 //! log sessions + blocks)) and one pool scan per applied step; a rebuild costs the recomputed
 //! positions' forward passes (under [`Schedule::Replay`], one per decoded position and one per
