@@ -209,20 +209,21 @@ fn round_f16(x: f32) -> f32 {
     f16_to_f32(f32_to_f16(x))
 }
 
-/// `x[i] = round_f16(x[i] · scale)`; with `F16C` 8 at a time by `vcvtps2ph`/`vcvtph2ps`, which
-/// round to nearest even exactly as [`f32_to_f16`] does for finite values (the same bits).
-/// `F16C` may only be true where the CPU supports F16C and the caller is compiled with it.
+/// `x[i] = round_f16(x[i] · scale)`; with `X86_SIMD` 8 at a time by `vcvtps2ph`/`vcvtph2ps`,
+/// which round to nearest even exactly as [`f32_to_f16`] does for finite values (the same
+/// bits). `X86_SIMD` may only be true inside [`attend_runs_avx2`].
 #[inline(always)]
-fn round_f16_scaled<const F16C: bool>(x: &mut [f32], scale: f32) {
+fn round_f16_scaled<const X86_SIMD: bool>(x: &mut [f32], scale: f32) {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if F16C {
+    if X86_SIMD {
         use std::arch::x86_64::{
             _MM_FROUND_TO_NEAREST_INT, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps,
             _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps,
         };
         for c in x.chunks_exact_mut(8) {
-            // SAFETY: `F16C` is true only inside `attend_runs_avx2`, which runs after runtime
+            // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`, which runs after runtime
             // detection of AVX2 and F16C and is compiled with both; the load and store touch the
             // 8 floats of `c`, with unaligned-safe intrinsics.
             unsafe {
@@ -274,12 +275,12 @@ pub(crate) fn encode_row(ty: KvType, src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Decode one head's row of `out.len()` values of type `ty`. With `F16C`, f16 values are
+/// Decode one head's row of `out.len()` values of type `ty`. With `X86_SIMD`, f16 values are
 /// converted 8 at a time by the CPU's `vcvtph2ps` (exact, like the portable conversion: the
-/// same bits). `F16C` may only be true where the CPU supports F16C and the caller is compiled
-/// with it ([`attend_runs_avx2`]).
+/// same bits). `X86_SIMD` may only be true inside [`attend_runs_avx2`] (AVX2 and F16C detected
+/// at run time and enabled for the function).
 #[inline(always)]
-fn decode_row_with<const F16C: bool>(ty: KvType, src: &[u8], out: &mut [f32]) {
+fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]) {
     match ty {
         KvType::F32 => {
             for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
@@ -287,14 +288,15 @@ fn decode_row_with<const F16C: bool>(ty: KvType, src: &[u8], out: &mut [f32]) {
             }
         }
         KvType::F16 => {
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
-            if F16C {
+            if X86_SIMD {
                 use std::arch::x86_64::{
                     __m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps,
                 };
                 for (o, b) in out.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
-                    // SAFETY: `F16C` is true only inside `attend_runs_avx2`, which runs after
+                    // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`, which runs after
                     // runtime detection of AVX2 and F16C and is compiled with both; the load
                     // reads the 16 bytes of `b` and the store writes the 8 floats of `o`, both
                     // unaligned-safe intrinsics on in-bounds slices.
@@ -346,7 +348,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += ca[i] * cb[i];
         }
     }
-    let mut sum = acc.iter().sum::<f32>();
+    // Lane 0, then each next lane in turn: the order the AVX2 build reproduces eight rows at a
+    // time ([`dot_rows_avx2`]).
+    let mut sum = acc[0];
+    for &x in &acc[1..] {
+        sum += x;
+    }
     for i in chunks..a.len() {
         sum += a[i] * b[i];
     }
@@ -359,6 +366,91 @@ fn dot_rows(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
     for (o, r) in out.iter_mut().zip(rows.chunks_exact(q.len())) {
         *o = dot(q, r) * scale;
     }
+}
+
+/// [`dot_rows`] with AVX2 intrinsics, eight rows at a time: each row accumulates in its own
+/// 8-lane register exactly as [`dot`] does (`acc + q·r`, no fusing), then an 8×8 transpose
+/// lines up lane `i` of the eight rows, and adding the transposed registers in lane order sums
+/// every row exactly as `dot` does — the same bits, one vector add per lane instead of seven
+/// scalar adds per row.
+///
+/// # Safety
+/// The CPU must support AVX2 (the caller is [`attend_runs_avx2`], compiled with it, after
+/// runtime detection); `rows` holds `out.len()` rows of `q.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
+        _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps,
+        _mm256_unpacklo_ps,
+    };
+    let hd = q.len();
+    let vec_end = hd / 8 * 8;
+    assert!(rows.len() >= out.len() * hd);
+    let mut r = 0;
+    while r + 8 <= out.len() {
+        // SAFETY: AVX2 is available (function contract); every load reads 8 floats at
+        // `c < vec_end ≤ hd - 8 + 8` within row `r + k < out.len()`, inside `q` and `rows`
+        // (asserted above); the store writes the 8 floats of `sums`.
+        let sums = unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut c = 0;
+            while c < vec_end {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let rv = _mm256_loadu_ps(rows.as_ptr().add((r + k) * hd + c));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, rv));
+                }
+                c += 8;
+            }
+            // Transpose: t[i] holds lane i of acc[0..8].
+            let lo01 = _mm256_unpacklo_ps(acc[0], acc[1]);
+            let hi01 = _mm256_unpackhi_ps(acc[0], acc[1]);
+            let lo23 = _mm256_unpacklo_ps(acc[2], acc[3]);
+            let hi23 = _mm256_unpackhi_ps(acc[2], acc[3]);
+            let lo45 = _mm256_unpacklo_ps(acc[4], acc[5]);
+            let hi45 = _mm256_unpackhi_ps(acc[4], acc[5]);
+            let lo67 = _mm256_unpacklo_ps(acc[6], acc[7]);
+            let hi67 = _mm256_unpackhi_ps(acc[6], acc[7]);
+            let a0 = _mm256_shuffle_ps::<0x44>(lo01, lo23);
+            let a1 = _mm256_shuffle_ps::<0xEE>(lo01, lo23);
+            let a2 = _mm256_shuffle_ps::<0x44>(hi01, hi23);
+            let a3 = _mm256_shuffle_ps::<0xEE>(hi01, hi23);
+            let b0 = _mm256_shuffle_ps::<0x44>(lo45, lo67);
+            let b1 = _mm256_shuffle_ps::<0xEE>(lo45, lo67);
+            let b2 = _mm256_shuffle_ps::<0x44>(hi45, hi67);
+            let b3 = _mm256_shuffle_ps::<0xEE>(hi45, hi67);
+            let t: [__m256; 8] = [
+                _mm256_permute2f128_ps::<0x20>(a0, b0),
+                _mm256_permute2f128_ps::<0x20>(a1, b1),
+                _mm256_permute2f128_ps::<0x20>(a2, b2),
+                _mm256_permute2f128_ps::<0x20>(a3, b3),
+                _mm256_permute2f128_ps::<0x31>(a0, b0),
+                _mm256_permute2f128_ps::<0x31>(a1, b1),
+                _mm256_permute2f128_ps::<0x31>(a2, b2),
+                _mm256_permute2f128_ps::<0x31>(a3, b3),
+            ];
+            let mut sum = t[0];
+            for &x in &t[1..] {
+                sum = _mm256_add_ps(sum, x);
+            }
+            let mut sums = [0.0f32; 8];
+            _mm256_storeu_ps(sums.as_mut_ptr(), sum);
+            sums
+        };
+        for (k, &s0) in sums.iter().enumerate() {
+            let row = &rows[(r + k) * hd..(r + k + 1) * hd];
+            let mut s = s0;
+            for j in vec_end..hd {
+                s += q[j] * row[j];
+            }
+            out[r + k] = s * scale;
+        }
+        r += 8;
+    }
+    let rest = &rows[r * hd..];
+    dot_rows(q, rest, scale, &mut out[r..]);
 }
 
 /// `out += Σ_i w[i] · row i` over the rows of `rows` (each `out.len()` values), every element
@@ -470,7 +562,7 @@ fn attend_runs_avx2<'a, F: Fn(usize) -> RowRun<'a>>(
 /// The body of [`attend_runs`], inlined into each instruction-set build.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
+fn attend_runs_any<'a, const X86_SIMD: bool, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
     head_dim: usize,
     runs: usize,
@@ -527,11 +619,19 @@ fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
             } else {
                 let buf = &mut rows_buf[..n * head_dim];
                 for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
-                    decode_row_with::<F16C>(ty, row(i), o);
+                    decode_row_with::<X86_SIMD>(ty, row(i), o);
                 }
                 for h in 0..heads {
                     let qh = &q_f32[h * head_dim..(h + 1) * head_dim];
                     let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                    #[cfg(target_arch = "x86_64")]
+                    if X86_SIMD {
+                        // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`, which runs after
+                        // runtime detection of AVX2 (and F16C); `buf` holds `n` rows of
+                        // `head_dim` values and `s` has `n` scores.
+                        unsafe { dot_rows_avx2(qh, buf, scale, s) };
+                        continue;
+                    }
                     dot_rows(qh, buf, scale, s);
                 }
             }
@@ -550,7 +650,7 @@ fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
         let sum = sum_f64(s);
         let inv = (1.0 / sum) as f32;
         if ty == KvType::F16 {
-            round_f16_scaled::<F16C>(s, inv);
+            round_f16_scaled::<X86_SIMD>(s, inv);
         } else {
             for x in s.iter_mut() {
                 *x *= inv;
@@ -574,7 +674,7 @@ fn attend_runs_any<'a, const F16C: bool, F: Fn(usize) -> RowRun<'a>>(
             let buf = &mut rows_buf[..n * head_dim];
             for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
                 let at = (i0 + i) * stride;
-                decode_row_with::<F16C>(ty, &v[at..at + row_bytes], o);
+                decode_row_with::<X86_SIMD>(ty, &v[at..at + row_bytes], o);
             }
             for h in 0..heads {
                 let oh = &mut out[h * head_dim..(h + 1) * head_dim];
