@@ -68,15 +68,9 @@ pub struct ModelFile {
     pub load_started: Option<Instant>,
     /// Notices already printed to stderr.
     notices_shown: Cell<usize>,
-    /// What keeps the weights charged to the model pool: the registry the region was loaded
-    /// through (its entry holds the charge), or the embedded model's own charge.
-    _weights: Option<WeightsCharge>,
-}
-
-/// Who holds the charge of a model file's weights.
-enum WeightsCharge {
-    Registry(#[allow(dead_code)] Arc<ModelRegistry>),
-    Direct(#[allow(dead_code)] PoolCharge),
+    /// The embedded model's charge to the model pool (a region loaded through the registry
+    /// carries its own, held by `image`'s session on it).
+    _weights: Option<PoolCharge>,
 }
 
 impl ModelFile {
@@ -108,7 +102,7 @@ impl ModelFile {
     pub fn open_for_inference(
         path: Option<&Path>,
         args: &LoaderArgs,
-        registry: &Arc<ModelRegistry>,
+        registry: &ModelRegistry,
     ) -> anyhow::Result<ModelFile> {
         let opened_at = Instant::now();
         let Some(p) = path else {
@@ -124,7 +118,7 @@ impl ModelFile {
                 DEFAULT_MODEL_NAME,
             )?;
             let mut file = ModelFile::embedded(opened_at);
-            file._weights = Some(WeightsCharge::Direct(charge));
+            file._weights = Some(charge);
             return Ok(file);
         };
         // The engine error's message already includes its cause: one line, no repeated chain.
@@ -146,7 +140,7 @@ impl ModelFile {
             opened_at,
             load_started: Some(opened.load_started),
             notices_shown: Cell::new(0),
-            _weights: Some(WeightsCharge::Registry(registry.clone())),
+            _weights: None,
         };
         file.print_new_notices();
         Ok(file)

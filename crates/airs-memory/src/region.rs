@@ -390,6 +390,10 @@ pub struct ModelRegion {
     refcount: AtomicUsize,
     worker: Mutex<Option<JoinHandle<()>>>,
     huge_page_size: usize,
+    /// The region's share of a model pool ([`crate::ModelRegistry`] attaches it): returned when
+    /// the region itself goes, after its memory, however long sessions keep it past the
+    /// registry.
+    pool_charge: std::sync::OnceLock<crate::PoolCharge>,
 }
 
 impl ModelRegion {
@@ -417,7 +421,13 @@ impl ModelRegion {
             refcount: AtomicUsize::new(0),
             worker: Mutex::new(worker),
             huge_page_size,
+            pool_charge: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes `charge` live exactly as long as the region (a region is charged once).
+    pub(crate) fn attach_charge(&self, charge: crate::PoolCharge) {
+        let _ = self.pool_charge.set(charge);
     }
 
     /// The file image: byte *i* is byte *i* of the model file. Valid as long as the region lives.

@@ -27,9 +27,10 @@
 //! every `load` and `acquire` (deterministic, no ties). Loading a path that is already loaded
 //! returns the loaded model (and touches it) instead of loading a second copy.
 //!
-//! The registry charges model *weights* to the pool's account ([`ModelPool`]); KV pools and
-//! scratch charge the same account ([`ModelRegistry::in_pool`]), so the free bytes a load sees
-//! are what all of them left. Only models are evicted here: memory held by KV caches and scratch
+//! The registry charges model *weights* to the pool's account ([`ModelPool`]), the charge
+//! living as long as the region (a session holding a model keeps it charged even past the
+//! registry); KV pools and scratch charge the same account ([`ModelRegistry::in_pool`]), so the
+//! free bytes a load sees are what all of them left. Only models are evicted here: memory held by KV caches and scratch
 //! is reported in [`RegistryError::NoRoom`] but never taken back by a model load.
 //!
 //! Cost: `load` and eviction are O(models log models) plus the loader's start-up (whole file for
@@ -40,7 +41,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::account::{ModelPool, PoolCharge, PoolUse};
+use crate::account::{ModelPool, PoolUse};
 use crate::error::MemoryError;
 use crate::layout::RegionLayout;
 use crate::loader::LoadOptions;
@@ -262,9 +263,8 @@ struct Entry {
     bytes: u64,
     last_used: u64,
     floor: bool,
+    /// Carries the weights' charge: it returns to the pool when the region goes.
     region: Arc<ModelRegion>,
-    /// The weights' share of the pool, returned when the entry is dropped (after the region).
-    _charge: PoolCharge,
 }
 
 impl Entry {
@@ -468,6 +468,7 @@ impl ModelRegistry {
                 path: key.clone(),
                 source,
             })?;
+        region.attach_charge(charge);
         let id = ModelId(st.next_id);
         st.next_id += 1;
         let last_used = st.tick();
@@ -479,7 +480,6 @@ impl ModelRegistry {
             last_used,
             floor: false,
             region,
-            _charge: charge,
         });
         Ok(Loaded {
             id,

@@ -15,7 +15,7 @@
 //! Memory: an engine belongs to a model pool's account ([`ModelPool`]). [`Engine::load`] loads
 //! the weights through a [`ModelRegistry`], which charges them to its pool (evicting models
 //! nobody holds, least recently used first, when it must); the engine holds the region as one
-//! session, so the model is not evicted while the engine lives. The session manager charges its
+//! session, so the model is not evicted, and stays charged, while the engine lives. The session manager charges its
 //! KV pool and scratch to the same account. [`Engine::open`] (tools and tests) maps the file and
 //! charges it to an account of its own without a limit: everything is counted, nothing refused.
 //!
@@ -46,17 +46,9 @@ pub struct Engine {
     pub shape: ModelShape,
     /// The model pool's account the weights are charged to; KV and scratch charge it too.
     pool: Arc<ModelPool>,
-    /// What keeps the weights' charge alive: the registry (which holds it per model) or the
-    /// charge itself.
-    _weights: WeightsCharge,
-}
-
-/// Who holds the charge of an engine's weights.
-enum WeightsCharge {
-    /// The registry the model was loaded through (its entry holds the charge).
-    Registry(#[allow(dead_code)] Arc<ModelRegistry>),
-    /// A charge taken directly (a mapped file).
-    Direct(#[allow(dead_code)] PoolCharge),
+    /// The weights' charge of a mapped file ([`Engine::open`]); a region loaded through a
+    /// registry carries its own, held by the engine's session on it.
+    _weights: Option<PoolCharge>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -86,14 +78,14 @@ impl Engine {
                 path.display().to_string(),
             )
             .map_err(|e| RuntimeError::new(RuntimeErrorKind::PoolFull(e)))?;
-        Engine::build(path, image, threads, pool, WeightsCharge::Direct(charge))
+        Engine::build(path, image, threads, pool, Some(charge))
     }
 
     /// Load the GGUF file at `path` into a model region through `registry` (charged to its
     /// pool; already-loaded models are shared) with `options`, and build the engine over it.
     /// A model the pool cannot hold fails here with the registry's numbers.
     pub fn load(
-        registry: &Arc<ModelRegistry>,
+        registry: &ModelRegistry,
         path: &Path,
         options: &LoadOptions,
         threads: usize,
@@ -104,7 +96,7 @@ impl Engine {
             opened.dyn_image(),
             threads,
             registry.pool().clone(),
-            WeightsCharge::Registry(registry.clone()),
+            None,
         )
     }
 
@@ -113,7 +105,7 @@ impl Engine {
         image: Arc<dyn ModelImage>,
         threads: usize,
         pool: Arc<ModelPool>,
-        weights: WeightsCharge,
+        weights: Option<PoolCharge>,
     ) -> Result<Engine> {
         let model = airs_engine::image::load_model(image.clone())?;
         let bytes = image.bytes();

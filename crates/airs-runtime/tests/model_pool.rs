@@ -200,3 +200,16 @@ fn real_models_share_the_pool_lru_unheld_evicted_floors_kept() {
     assert_eq!(small.pool().used_bytes(), 0);
     let _ = std::fs::remove_file(&copy);
 }
+
+/// The weights stay charged as long as anything holds the region, even past the registry that
+/// loaded them: the account never shows memory free that a session still uses.
+#[test]
+fn weights_stay_charged_while_held_even_after_the_registry_is_gone() {
+    let registry = Arc::new(ModelRegistry::new(16 * MIB));
+    let account = registry.pool().clone();
+    let engine = load(&registry);
+    drop(registry);
+    assert_eq!(account.usage().weights_bytes, weights_charge());
+    drop(engine);
+    assert_eq!(account.used_bytes(), 0);
+}
