@@ -1,16 +1,19 @@
 //! `airs bench decode`: prefill and decode speed on a model, reported as medians over
 //! repetitions (these machines are noisy), with the weight bytes each decoded token streams
-//! and the memory bandwidth that implies.
+//! and the memory bandwidth that implies. Each repetition is one request through the runtime's
+//! scheduler (the paged KV cache the product uses, greedy, end-of-generation ignored), with a
+//! fresh KV pool, so nothing is served from the prefix cache.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
-use airs_engine::{ContiguousKv, KvType, Logits, Runtime, sampler::argmax};
+use airs_engine::KvType;
+use airs_runtime::fit::single_sequence_config;
+use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
-use crate::model_file::{LoaderArgs, ModelFile};
-use crate::run::{Loaded, default_threads};
+use crate::model_file::{LoaderArgs, default_threads, load};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchDecodeArgs {
@@ -41,8 +44,8 @@ route through the forest. def fibonacci(n):\n    return n if n < 2 else fibonacc
 fibonacci(n - 2)\n";
 
 /// `len` prompt tokens of real text under the model's tokenizer.
-pub fn prompt_tokens(loaded: &Loaded, len: usize) -> Vec<u32> {
-    let tok = &loaded.tokenizer;
+pub fn prompt_tokens(model: &LoadedModel, len: usize) -> Vec<u32> {
+    let tok = &model.tokenizer;
     let piece: Vec<u32> = tok
         .encode(PROMPT_TEXT, EncodeOptions::default())
         .into_iter()
@@ -70,56 +73,75 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// Generate `gen_tokens` greedily after `prompt` as one request on a fresh scheduler (a KV pool
+/// of exactly what the sequence needs); returns the request's timings.
+pub fn greedy_request(
+    model: &Arc<LoadedModel>,
+    prompt: &[u32],
+    gen_tokens: usize,
+    kv_type: KvType,
+) -> anyhow::Result<Completion> {
+    let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
+    let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+    let params = GenerationParams {
+        max_tokens: gen_tokens,
+        ignore_eos: true,
+        ..GenerationParams::default()
+    };
+    let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
+    let d = Arc::clone(&done);
+    let id = scheduler.submit(
+        Request::generate(Prompt::Tokens(prompt.to_vec()), params),
+        Box::new(move |event| {
+            match event {
+                Event::Done(c) => *d.lock().unwrap() = Some(Ok(c)),
+                Event::Failed(e) => *d.lock().unwrap() = Some(Err(e.into())),
+                _ => {}
+            }
+            true
+        }),
+    )?;
+    scheduler.run_until_done(id);
+    let result = done.lock().unwrap().take();
+    result.unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))
+}
+
 pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
-    // The weights in this machine's model pool (the benchmark's own KV caches are not charged).
+    // The weights in this machine's model pool; each repetition's KV pool and scratch too.
     let registry = crate::pool_args::PoolArgs::default().registry()?;
-    let loaded = Loaded::open(ModelFile::open_for_inference(
-        args.model.as_deref(),
-        &args.load,
-        &registry,
-    )?)?;
-    // Measure the resident model, not the load.
-    loaded.file.wait_resident()?;
-    let model = &loaded.model;
     let threads = args.threads.unwrap_or_else(default_threads);
-    let rt = Runtime::new(threads);
-    let context = model.config.context_len;
+    let model = Arc::new(load(args.model.as_deref(), &args.load, &registry, threads)?);
+    // Measure the resident model, not the load.
+    model.wait_resident()?;
+    let context = model.context_len();
     anyhow::ensure!(
-        args.prompt_tokens >= 1 && args.prompt_tokens + args.gen_tokens <= context,
-        "--prompt-tokens + --gen-tokens must be between 1 and the context length {context}"
+        args.prompt_tokens >= 1
+            && args.gen_tokens >= 2
+            && args.prompt_tokens + args.gen_tokens <= context,
+        "--prompt-tokens ≥ 1 and --gen-tokens ≥ 2 must add up to at most the context length \
+         {context}"
     );
-    let prompt = prompt_tokens(&loaded, args.prompt_tokens);
+    let prompt = prompt_tokens(&model, args.prompt_tokens);
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     for _ in 0..args.reps.max(1) {
-        let mut kv = ContiguousKv::new(
-            loaded.kv_shape(),
-            args.prompt_tokens + args.gen_tokens,
-            args.kv_type,
-        );
-        let started = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in prompt.chunks(512) {
-            logits = model.forward(&rt, &mut kv, chunk, Logits::Last)?;
-        }
-        prefill.push(prompt.len() as f64 / started.elapsed().as_secs_f64());
-        let started = Instant::now();
-        for _ in 0..args.gen_tokens {
-            let next = argmax(&logits);
-            logits = model.forward(&rt, &mut kv, &[next], Logits::Last)?;
-        }
-        decode.push(args.gen_tokens as f64 / started.elapsed().as_secs_f64());
+        let done = greedy_request(&model, &prompt, args.gen_tokens, args.kv_type)?;
+        let ttft = done.time_to_first_token.unwrap_or_default();
+        prefill.push(prompt.len() as f64 / ttft.as_secs_f64().max(1e-9));
+        decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
     }
     let prefill_tps = median(&mut prefill);
     let decode_tps = median(&mut decode);
-    let bytes_per_token = model.weight_bytes_per_token();
+    let bytes_per_token = model.model.weight_bytes_per_token();
     let gbps = bytes_per_token as f64 * decode_tps / 1e9;
+    let isa = model.runtime.isa;
     if args.json {
         let report = json!({
-            "model": loaded.file.name,
-            "loader": loaded.file.loader_name(),
+            "model": model.name,
+            "loader": model.loader_name(),
             "threads": threads,
-            "isa": format!("{:?}", rt.isa).to_lowercase(),
+            "isa": format!("{isa:?}").to_lowercase(),
             "kv_type": args.kv_type.name(),
+            "kv_cache": "paged",
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
             "reps": args.reps,
@@ -133,12 +155,12 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} threads ({:?}), kv {}, loader {}",
-            loaded.file.name,
+            "{}: {} threads ({:?}), kv {} paged, loader {}",
+            model.name,
             threads,
-            rt.isa,
+            isa,
             args.kv_type.name(),
-            loaded.file.loader_name()
+            model.loader_name()
         );
         println!(
             "  prefill pp{:<5} {:>8.1} tokens/s (median of {})",

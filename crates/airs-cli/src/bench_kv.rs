@@ -1,6 +1,8 @@
-//! `airs bench kv`: what the paged KV cache costs and saves on a real model. N sessions share
-//! a P-token prompt prefix (real text under the model's tokenizer), each adds its own S-token
-//! suffix and generates G tokens greedily, all in one KV pool and all kept resident. Reports
+//! `airs bench kv`: what the paged KV cache costs and saves on a real model, at the engine
+//! level (forward passes over KV caches; nothing is sampled: decode steps feed a fixed token
+//! sequence, which costs what any token costs). N sessions share a P-token prompt prefix (real
+//! text under the model's tokenizer), each adds its own S-token suffix and decodes G tokens,
+//! all in one KV pool and all kept resident. Reports
 //! prompt and prefix tokens computed (the prefix once, not N times), KV bytes allocated, bytes
 //! per token, waste, the saving versus no sharing and versus contiguous caches, and tokens/s.
 //!
@@ -16,15 +18,14 @@ use std::time::Instant;
 
 use airs_engine::{
     ContiguousKv, KvCache, KvType, Logits, Model, PagedKv, PagedKvConfig, PagedKvPool, Runtime,
-    sampler::argmax,
 };
 use airs_memory::KvPoolStats;
+use airs_runtime::LoadedModel;
 use airs_tokenizer::EncodeOptions;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::model_file::{LoaderArgs, ModelFile};
-use crate::run::{Loaded, default_threads};
+use crate::model_file::{LoaderArgs, default_threads, load};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchKvArgs {
@@ -82,7 +83,7 @@ const SUFFIX_TEXT: &str = " Please summarise what the caretaker does first, then
 animals in the garden, and finally suggest one improvement to the pond. ";
 
 /// `len` tokens of `text` repeated, after `start` (also tokenized) and an optional BOS.
-fn text_tokens(loaded: &Loaded, start: &str, text: &str, len: usize, bos: bool) -> Vec<u32> {
+fn text_tokens(loaded: &LoadedModel, start: &str, text: &str, len: usize, bos: bool) -> Vec<u32> {
     let tok = &loaded.tokenizer;
     let encode = |s: &str| -> Vec<u32> {
         tok.encode(s, EncodeOptions::default())
@@ -136,18 +137,18 @@ fn prefill(
     Ok(logits)
 }
 
-/// Greedy decode of `steps` tokens after `logits`; returns the last logits.
+/// `steps` decode steps, one token each, feeding `tokens` in a cycle.
 fn decode(
     model: &Model,
     rt: &Runtime,
     kv: &mut dyn KvCache,
-    mut logits: Vec<f32>,
+    tokens: &[u32],
     steps: usize,
-) -> anyhow::Result<Vec<f32>> {
-    for _ in 0..steps {
-        logits = model.forward(rt, kv, &[argmax(&logits)], Logits::Last)?;
+) -> anyhow::Result<()> {
+    for t in tokens.iter().cycle().take(steps) {
+        std::hint::black_box(model.forward(rt, kv, &[*t], Logits::Last)?);
     }
-    Ok(logits)
+    Ok(())
 }
 
 struct SessionsReport {
@@ -165,7 +166,7 @@ struct SessionsReport {
 
 fn run_sessions(
     args: &BenchKvArgs,
-    loaded: &Loaded,
+    loaded: &LoadedModel,
     rt: &Runtime,
 ) -> anyhow::Result<SessionsReport> {
     let model = &loaded.model;
@@ -222,11 +223,11 @@ fn run_sessions(
         computed += prompt.len() - cached;
         prefix_computed += prefix.len() - cached.min(prefix.len());
         let started = Instant::now();
-        let logits = prefill(model, rt, kv_dyn, &prompt[cached..])
+        prefill(model, rt, kv_dyn, &prompt[cached..])
             .with_context(|| format!("session {}: prefill", i + 1))?;
         prefill_s += started.elapsed().as_secs_f64();
         let started = Instant::now();
-        decode(model, rt, kv_dyn, logits, g)
+        decode(model, rt, kv_dyn, &prompt[prefix.len()..], g)
             .with_context(|| format!("session {}: decode", i + 1))?;
         decode_s += started.elapsed().as_secs_f64();
         sessions.push(kv);
@@ -281,7 +282,7 @@ fn cpu_seconds() -> f64 {
 /// Decode tokens/s at `args.decode_context` through both caches, alternating rounds.
 fn compare_decode(
     args: &BenchKvArgs,
-    loaded: &Loaded,
+    loaded: &LoadedModel,
     rt: &Runtime,
 ) -> anyhow::Result<DecodeComparison> {
     let model = &loaded.model;
@@ -308,8 +309,8 @@ fn compare_decode(
         },
     )?;
     let mut paged = PagedKv::new_sequence(&pool, None);
-    let mut logits_c = prefill(model, rt, &mut contiguous, &prompt)?;
-    let mut logits_p = prefill(model, rt, &mut paged, &prompt)?;
+    prefill(model, rt, &mut contiguous, &prompt)?;
+    prefill(model, rt, &mut paged, &prompt)?;
     let mut c = DecodeComparison {
         context,
         contiguous: Vec::new(),
@@ -320,11 +321,11 @@ fn compare_decode(
     let n = per_round as f64;
     for _ in 0..rounds {
         let (started, cpu) = (Instant::now(), cpu_seconds());
-        logits_c = decode(model, rt, &mut contiguous, logits_c, per_round)?;
+        decode(model, rt, &mut contiguous, &prompt, per_round)?;
         c.contiguous.push(n / started.elapsed().as_secs_f64());
         c.contiguous_cpu.push(n / (cpu_seconds() - cpu).max(1e-9));
         let (started, cpu) = (Instant::now(), cpu_seconds());
-        logits_p = decode(model, rt, &mut paged, logits_p, per_round)?;
+        decode(model, rt, &mut paged, &prompt, per_round)?;
         c.paged.push(n / started.elapsed().as_secs_f64());
         c.paged_cpu.push(n / (cpu_seconds() - cpu).max(1e-9));
     }
@@ -334,17 +335,13 @@ fn compare_decode(
 pub fn run(args: BenchKvArgs) -> anyhow::Result<()> {
     // The weights in this machine's model pool (the benchmark's own KV caches are not charged).
     let registry = crate::pool_args::PoolArgs::default().registry()?;
-    let loaded = Loaded::open(ModelFile::open_for_inference(
-        args.model.as_deref(),
-        &args.load,
-        &registry,
-    )?)?;
-    loaded.file.wait_resident()?;
     let threads = args.threads.unwrap_or_else(default_threads);
-    let rt = Runtime::new(threads);
-    let r = run_sessions(&args, &loaded, &rt)?;
+    let loaded = load(args.model.as_deref(), &args.load, &registry, threads)?;
+    loaded.wait_resident()?;
+    let rt = &loaded.runtime;
+    let r = run_sessions(&args, &loaded, rt)?;
     let comparison = if args.decode_context > 0 {
-        Some(compare_decode(&args, &loaded, &rt)?)
+        Some(compare_decode(&args, &loaded, rt)?)
     } else {
         None
     };
@@ -364,7 +361,7 @@ pub fn run(args: BenchKvArgs) -> anyhow::Result<()> {
 
     if args.json {
         let mut report = json!({
-            "model": loaded.file.name,
+            "model": loaded.name,
             "threads": threads,
             "isa": format!("{:?}", rt.isa).to_lowercase(),
             "kv_type": args.kv_type.name(),
@@ -411,7 +408,7 @@ pub fn run(args: BenchKvArgs) -> anyhow::Result<()> {
     println!(
         "{}: {threads} threads ({:?}), {} KV, {} positions per block of {} bytes ({} bytes per \
          position), pool {:.1} MiB{}",
-        loaded.file.name,
+        loaded.name,
         rt.isa,
         args.kv_type.name(),
         st.tokens_per_block,

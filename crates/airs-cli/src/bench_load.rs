@@ -3,8 +3,9 @@
 //! For each loader (`eager`, `mmap`, `lazy`; all three unless `--loader` picks one) and each
 //! repetition, it measures:
 //! - **TTFT**: opening the file → model region → `Model` → prefill of the prompt → first sampled
-//!   token (greedy). The prompt is tokenized beforehand, outside the timing (tokenizer
-//!   construction is the same for every loader).
+//!   token (greedy), one request through the runtime's scheduler (which runs a long prompt
+//!   layer-major while the weights load). The prompt is tokenized beforehand, outside the
+//!   timing (tokenizer construction is the same for every loader).
 //! - **fully resident**: opening → every byte in memory. For `eager` and `lazy` that is when the
 //!   region was filled and finalized (huge pages, read-only, pinned); for `mmap`, whose pages the
 //!   kernel reads on demand and does not report, it is when the benchmark, after token 1, has
@@ -36,24 +37,25 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use airs_engine::image::{OpenedModel, open_model, region_layout};
-use airs_engine::{ContiguousKv, KvType, Logits, Model, Runtime, TensorRef, sampler::argmax};
-use airs_memory::{LoadOptions, LoaderKind, RegionLayout, SpanKind};
+use airs_engine::image::region_layout;
+use airs_engine::{KvType, TensorRef};
+use airs_memory::{LoadOptions, LoaderKind, ModelRegistry, RegionLayout, SpanKind};
+use airs_runtime::fit::single_sequence_config;
+use airs_runtime::{Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
 use anyhow::Context;
 use serde_json::json;
 
 use crate::bench::{median, prompt_tokens};
-use crate::model_file::{ModelFile, loader_parser};
-use crate::run::{Loaded, default_threads};
+use crate::model_file::{default_threads, loader_parser};
 
 /// Decode steps run before decode is timed.
 const WARMUP_TOKENS: usize = 4;
 /// Rounds of the interleaved decode phase.
 const ROUNDS: usize = 8;
-/// Prompt tokens per prefill pass (as `airs run`).
-const PREFILL_BATCH: usize = 512;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchLoadArgs {
@@ -119,8 +121,8 @@ struct Prepared {
 }
 
 fn prepare(args: &BenchLoadArgs, chunk_bytes: u64) -> anyhow::Result<Prepared> {
-    let loaded = Loaded::open(ModelFile::open(Some(&args.model))?)?;
-    let context = loaded.model.config.context_len;
+    let loaded = LoadedModel::open(&args.model, 1)?;
+    let context = loaded.context_len();
     anyhow::ensure!(
         args.prompt_tokens >= 1 && positions_needed(args) <= context,
         "--prompt-tokens {} with --gen-tokens {} needs {} positions; the context holds {context}",
@@ -206,14 +208,74 @@ fn touch_every_page(bytes: &[u8]) -> u64 {
     })
 }
 
-fn forward_prompt(
-    model: &Model,
-    rt: &Runtime,
-    kv: &mut ContiguousKv,
-    prompt: &[u32],
-) -> anyhow::Result<Vec<f32>> {
-    // Layer-major over the passes while the weights are loading (see `Model::prefill`).
-    Ok(model.prefill(rt, kv, prompt, PREFILL_BATCH)?)
+/// One greedy request on its own scheduler, stepped by hand.
+struct Stepped {
+    scheduler: Scheduler,
+    tokens: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Stepped {
+    /// A request for `total` tokens after `prompt` on `model` (end-of-generation ignored).
+    fn start(
+        model: &Arc<LoadedModel>,
+        prompt: &[u32],
+        total: usize,
+        kv_type: KvType,
+    ) -> anyhow::Result<Stepped> {
+        let config = single_sequence_config(&model.shape, prompt.len() + total, kv_type)?;
+        let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+        let tokens = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let (t, f) = (Arc::clone(&tokens), Arc::clone(&failed));
+        let params = GenerationParams {
+            max_tokens: total,
+            ignore_eos: true,
+            ..GenerationParams::default()
+        };
+        scheduler.submit(
+            Request::generate(Prompt::Tokens(prompt.to_vec()), params),
+            Box::new(move |event| {
+                match event {
+                    Event::Token(_) => {
+                        t.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Event::Failed(e) => *f.lock().unwrap() = Some(e.to_string()),
+                    _ => {}
+                }
+                true
+            }),
+        )?;
+        Ok(Stepped {
+            scheduler,
+            tokens,
+            failed,
+        })
+    }
+
+    /// Step until `n` tokens have been generated.
+    fn until(&mut self, n: usize) -> anyhow::Result<()> {
+        while self.tokens.load(Ordering::Relaxed) < n {
+            if let Some(e) = self.failed.lock().unwrap().take() {
+                anyhow::bail!("{e}");
+            }
+            anyhow::ensure!(
+                self.scheduler.has_work(),
+                "the request ended after {} tokens",
+                self.tokens.load(Ordering::Relaxed)
+            );
+            self.scheduler.step();
+        }
+        Ok(())
+    }
+}
+
+/// Load `path` with `options` into a registry of its own (an unlimited model pool).
+fn open(path: &Path, options: &LoadOptions, threads: usize) -> anyhow::Result<Arc<LoadedModel>> {
+    let registry = ModelRegistry::new(u64::MAX);
+    let model = LoadedModel::load(&registry, path, options, threads)
+        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))?;
+    Ok(Arc::new(model))
 }
 
 /// Decode steps per burst of the interleaved phase.
@@ -226,55 +288,36 @@ fn positions_needed(args: &BenchLoadArgs) -> usize {
     args.prompt_tokens + WARMUP_TOKENS + args.gen_tokens.max(ROUNDS * burst_tokens(args)) + 1
 }
 
-/// An engine error as one anyhow line (its message already includes its cause).
-fn one_line(e: airs_engine::EngineError) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
-
-fn open(path: &Path, options: &LoadOptions) -> anyhow::Result<OpenedModel> {
-    open_model(path, options).map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))
-}
-
 /// Interleaved decode: tokens/s of each loader's resident model, bursts alternating.
 fn interleaved_decode(
     args: &BenchLoadArgs,
     loaders: &[LoaderKind],
     prompt: &[u32],
-    rt: &Runtime,
+    threads: usize,
 ) -> anyhow::Result<Vec<f64>> {
     let burst = burst_tokens(args);
-    let mut sessions = Vec::new();
+    let total = 1 + WARMUP_TOKENS + ROUNDS * burst;
+    let mut runs = Vec::new();
     for &loader in loaders {
-        let opened = open(&args.model, &LoadOptions::with_loader(loader))?;
-        if opened.region().loader_kind() == LoaderKind::Mmap {
-            std::hint::black_box(touch_every_page(opened.region().as_bytes()));
+        let model = open(&args.model, &LoadOptions::with_loader(loader), threads)?;
+        let region = model.region().context("a model file has a region")?;
+        if region.loader_kind() == LoaderKind::Mmap {
+            std::hint::black_box(touch_every_page(region.as_bytes()));
         } else {
-            opened.loader().wait_resident()?;
+            model.wait_resident()?;
         }
-        let model = opened.model().map_err(one_line)?;
-        let shape = airs_engine::KvShape {
-            layers: model.config.layers,
-            kv_heads: model.config.kv_heads,
-            head_dim: model.config.head_dim,
-        };
-        let capacity = positions_needed(args);
-        let mut kv = ContiguousKv::new(shape, capacity, args.kv_type);
-        let mut next = argmax(&forward_prompt(&model, rt, &mut kv, prompt)?);
-        for _ in 0..WARMUP_TOKENS {
-            next = argmax(&model.forward(rt, &mut kv, &[next], Logits::Last)?);
-        }
-        sessions.push((opened, model, kv, next, Duration::ZERO));
+        let mut run = Stepped::start(&model, prompt, total, args.kv_type)?;
+        run.until(1 + WARMUP_TOKENS)?;
+        runs.push((model, run, Duration::ZERO));
     }
-    for _ in 0..ROUNDS {
-        for (_, model, kv, next, spent) in &mut sessions {
+    for round in 0..ROUNDS {
+        for (_, run, spent) in &mut runs {
             let started = Instant::now();
-            for _ in 0..burst {
-                *next = argmax(&model.forward(rt, kv, &[*next], Logits::Last)?);
-            }
+            run.until(1 + WARMUP_TOKENS + (round + 1) * burst)?;
             *spent += started.elapsed();
         }
     }
-    Ok(sessions
+    Ok(runs
         .iter()
         .map(|(.., spent)| (ROUNDS * burst) as f64 / spent.as_secs_f64().max(1e-9))
         .collect())
@@ -284,7 +327,7 @@ fn measure(
     args: &BenchLoadArgs,
     loader: LoaderKind,
     prompt: &[u32],
-    rt: &Runtime,
+    threads: usize,
     resident_ttft: bool,
 ) -> anyhow::Result<Measurement> {
     let options = LoadOptions {
@@ -293,61 +336,52 @@ fn measure(
     };
     let path = &args.model;
     let t0 = Instant::now();
-    let opened = open(path, &options)?;
-    let model = opened.model().map_err(one_line)?;
-    let shape = airs_engine::KvShape {
-        layers: model.config.layers,
-        kv_heads: model.config.kv_heads,
-        head_dim: model.config.head_dim,
-    };
-    let capacity = positions_needed(args);
-    let mut kv = ContiguousKv::new(shape, capacity, args.kv_type);
-    let logits = forward_prompt(&model, rt, &mut kv, prompt)?;
-    let mut next = argmax(&logits);
+    let model = open(path, &options, threads)?;
+    let mut run = Stepped::start(
+        &model,
+        prompt,
+        1 + WARMUP_TOKENS + args.gen_tokens,
+        args.kv_type,
+    )?;
+    run.until(1)?;
     let ttft = t0.elapsed();
-    let used = opened.region().loader_kind();
+    let region = Arc::clone(model.region().context("a model file has a region")?);
+    let used = region.loader_kind();
     let loaded_at_first_token =
-        (used != LoaderKind::Mmap).then(|| opened.loader().progress().filled_bytes);
+        (used != LoaderKind::Mmap).then(|| region.loader().progress().filled_bytes);
 
     let fully_resident = if used == LoaderKind::Mmap {
-        std::hint::black_box(touch_every_page(opened.image.region().as_bytes()));
+        std::hint::black_box(touch_every_page(region.as_bytes()));
         t0.elapsed()
     } else {
-        opened
-            .loader()
+        model
             .wait_resident()
             .with_context(|| format!("loading {}", path.display()))?;
-        let after = opened
-            .loader()
-            .fully_resident_after()
-            .context("a resident region records when it became resident")?;
-        opened.load_started.duration_since(t0) + after
+        model
+            .fully_resident_after_open()
+            .context("a resident region records when it became resident")?
     };
 
-    for _ in 0..WARMUP_TOKENS {
-        next = argmax(&model.forward(rt, &mut kv, &[next], Logits::Last)?);
-    }
+    run.until(1 + WARMUP_TOKENS)?;
     let started = Instant::now();
-    for _ in 0..args.gen_tokens {
-        next = argmax(&model.forward(rt, &mut kv, &[next], Logits::Last)?);
-    }
+    run.until(1 + WARMUP_TOKENS + args.gen_tokens)?;
     let decode_time = started.elapsed().as_secs_f64();
     let decode_tokens_per_s = if decode_time > 0.0 {
         args.gen_tokens as f64 / decode_time
     } else {
         0.0
     };
-    std::hint::black_box(next);
+    drop(run);
 
     let resident_ttft = if resident_ttft {
-        let mut kv = ContiguousKv::new(shape, capacity, args.kv_type);
         let started = Instant::now();
-        std::hint::black_box(argmax(&forward_prompt(&model, rt, &mut kv, prompt)?));
+        let mut again = Stepped::start(&model, prompt, 1, args.kv_type)?;
+        again.until(1)?;
         Some(started.elapsed())
     } else {
         None
     };
-    let stats = opened.region().stats();
+    let stats = region.stats();
     Ok(Measurement {
         used,
         ttft,
@@ -359,12 +393,7 @@ fn measure(
         huge_page_bytes: stats.huge_page_bytes,
         read_only: stats.read_only,
         pinned: stats.pinned,
-        notices: opened
-            .region()
-            .notices()
-            .iter()
-            .map(|n| n.to_string())
-            .collect(),
+        notices: region.notices().iter().map(|n| n.to_string()).collect(),
     })
 }
 
@@ -426,7 +455,6 @@ pub fn run_load(args: BenchLoadArgs) -> anyhow::Result<()> {
     let chunk_bytes = LoadOptions::default().chunk_bytes as u64;
     let prepared = prepare(&args, chunk_bytes)?;
     let threads = args.threads.unwrap_or_else(default_threads);
-    let rt = Runtime::new(threads);
     let loaders: Vec<LoaderKind> = match args.loader {
         Some(l) => vec![l],
         None => vec![LoaderKind::Eager, LoaderKind::Mmap, LoaderKind::Lazy],
@@ -458,7 +486,7 @@ pub fn run_load(args: BenchLoadArgs) -> anyhow::Result<()> {
                 warm_page_cache(&args.model)
                     .with_context(|| format!("reading {}", args.model.display()))?;
             }
-            let m = measure(&args, loader, &prepared.prompt, &rt, rep == 0)?;
+            let m = measure(&args, loader, &prepared.prompt, threads, rep == 0)?;
             eprintln!(
                 "[{}/{reps}] {loader:>5}: TTFT {:.3} s, fully resident {:.3} s, decode {:.2} \
                  tokens/s{}",
@@ -480,7 +508,7 @@ pub fn run_load(args: BenchLoadArgs) -> anyhow::Result<()> {
         .collect();
     if loaders.len() > 1 {
         eprintln!("interleaved decode of {} resident models", loaders.len());
-        let rates = interleaved_decode(&args, &loaders, &prepared.prompt, &rt)?;
+        let rates = interleaved_decode(&args, &loaders, &prepared.prompt, threads)?;
         for (s, r) in summaries.iter_mut().zip(rates) {
             s.interleaved_decode_tps = Some(r);
         }

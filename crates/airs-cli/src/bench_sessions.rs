@@ -1,8 +1,8 @@
 //! `airs bench sessions`: a scripted mix of interactive, system and background sessions served
 //! from a KV pool too small for all of them (`--pool`), reporting evictions per priority,
-//! rebuilds, recomputed tokens and bytes, with the §6.3 invariants checked after every request
-//! (pool budget never exceeded, no active interactive session evicted, order background →
-//! system → idle interactive). `--verify` also serves the workload from a pool that never
+//! preemptions, rebuilt tokens, with the §6.3 invariants checked after every scheduler step
+//! (pool budget never exceeded, no active interactive session or running interactive request
+//! evicted, order background → system → idle interactive). `--verify` also serves the workload from a pool that never
 //! evicts and requires every reply to be identical. The workload is a preset (`mixed`) or a
 //! JSON file; its format is documented in `airs_runtime::workload`.
 //!
@@ -14,22 +14,16 @@
 //! verified reply differed. Cost: the workload's forward passes (twice with `--verify`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use airs_engine::KvType;
+use airs_runtime::LoadedModel;
 use airs_runtime::workload::{BenchConfig, Workload, run_bench};
-use airs_runtime::{Engine, RebuildMode};
 use anyhow::Context;
 
+use crate::model_file::{LoaderArgs, default_threads, load};
 use crate::pool_args::PoolArgs;
 use crate::session_cmd::parse_size;
-
-/// `--schedule`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ScheduleArg {
-    Auto,
-    Replay,
-    Free,
-}
 
 #[derive(clap::Args, Debug)]
 pub struct BenchSessionsArgs {
@@ -53,11 +47,8 @@ pub struct BenchSessionsArgs {
     /// KV cache element type.
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
-    /// Pass schedule: auto (free where the kernels are batch-invariant, else replay), replay
-    /// (block-aligned passes, exact replay) or free (any split; exact only with batch-invariant
-    /// kernels).
-    #[arg(long, value_enum, default_value_t = ScheduleArg::Auto)]
-    pub schedule: ScheduleArg,
+    #[command(flatten)]
+    pub load: LoaderArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -68,24 +59,16 @@ pub struct BenchSessionsArgs {
 
 pub fn run(args: BenchSessionsArgs) -> anyhow::Result<()> {
     let workload = Workload::load(&args.workload)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    // The measured manager runs in the model pool; the never-evicting reference is an oracle
+    let threads = args.threads.unwrap_or_else(default_threads);
+    // The measured scheduler runs in the model pool; the never-evicting reference is an oracle
     // with an account of its own.
     let registry = args.model_pool.registry()?;
-    let engine = Engine::load(
-        &registry,
-        &args.model,
-        &airs_memory::LoadOptions::default(),
-        threads,
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = Arc::new(load(Some(&args.model), &args.load, &registry, threads)?);
     let reference = if args.verify {
-        Some(
-            Engine::open(&args.model, threads)
+        Some(Arc::new(
+            LoadedModel::open(&args.model, threads)
                 .with_context(|| format!("opening {}", args.model.display()))?,
-        )
+        ))
     } else {
         None
     };
@@ -93,12 +76,7 @@ pub fn run(args: BenchSessionsArgs) -> anyhow::Result<()> {
     config.tokens_per_block = args.tokens_per_block;
     config.kv_type = args.kv_type;
     config.verify = args.verify;
-    config.rebuild = match args.schedule {
-        ScheduleArg::Auto => RebuildMode::Auto,
-        ScheduleArg::Replay => RebuildMode::Replay,
-        ScheduleArg::Free => RebuildMode::Free,
-    };
-    let report = run_bench(engine, reference, &config, &workload)?;
+    let report = run_bench(&model, reference.as_ref(), &config, &workload)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

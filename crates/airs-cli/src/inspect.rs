@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use airs_gguf::{Gguf, LayerMap, ModelConfig, Value};
 use serde_json::{Value as Json, json};
 
-use crate::model_file::ModelFile;
+use airs_runtime::ModelBytes;
 
-pub fn run(model: &ModelFile, as_json: bool) -> anyhow::Result<()> {
+pub fn run(model: &ModelBytes, as_json: bool) -> anyhow::Result<()> {
     let g = model.parse()?;
     let report = report(&g, &model.name);
     if as_json {
@@ -48,7 +48,12 @@ fn report(g: &Gguf<'_>, name: &str) -> Json {
             "rms_eps": c.rms_eps.to_string().parse::<f64>().unwrap_or(f64::from(c.rms_eps)),
             "tied_output": c.tied_output,
             "qkv_bias": c.qkv_bias,
-            "kv_bytes_per_token_f16": c.kv_bytes_per_token(2.0),
+            "kv_bytes_per_token_f16": airs_engine::KvShape {
+                layers: c.layers,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            }
+            .bytes_per_token(airs_engine::KvType::F16),
         }),
         Err(e) => json!({ "error": e.to_string() }),
     };

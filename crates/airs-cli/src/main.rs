@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use model_file::ModelFile;
+use airs_runtime::ModelBytes;
 
 #[derive(Parser)]
 #[command(
@@ -91,12 +91,20 @@ fn restore_default_sigpipe() {
     }
 }
 
+/// A model file's header for `inspect` and `tokenize` (errors name the file).
+fn open_bytes(path: Option<&std::path::Path>) -> anyhow::Result<ModelBytes> {
+    ModelBytes::open(path).map_err(|e| match path {
+        Some(p) => anyhow::anyhow!("opening {}: {e}", p.display()),
+        None => e.into(),
+    })
+}
+
 fn main() -> ExitCode {
     restore_default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json } => {
-            ModelFile::open(model.as_deref()).and_then(|m| inspect::run(&m, json))
+            open_bytes(model.as_deref()).and_then(|m| inspect::run(&m, json))
         }
         Command::Tokenize {
             model,
@@ -104,7 +112,7 @@ fn main() -> ExitCode {
             no_bos,
             no_special,
             json,
-        } => ModelFile::open(Some(&model))
+        } => open_bytes(Some(&model))
             .and_then(|m| tokenize::run(&m, &text, no_bos, no_special, json)),
         Command::Run(args) => run::run(args),
         Command::Fit(args) => fit::run(args),

@@ -1,34 +1,25 @@
-//! Opening the model a command names: a GGUF path, or the embedded default model
-//! (stories260K, MIT-licensed, see models/LICENSE-stories260K.txt) when none is given.
+//! What the CLI adds to loading a model: `--loader` and `--threads`, the one-line notices of a
+//! region's degradations on stderr, and the lazy load's progress bar. Loading itself is the
+//! runtime's ([`LoadedModel`]): a GGUF path through the model registry of the command's model
+//! pool, or the embedded default model (stories260K, MIT, see models/LICENSE-stories260K.txt)
+//! when no path is given.
 //!
-//! Commands that only read the header (`inspect`, `tokenize`) map the file ([`ModelFile::open`]).
-//! Commands that run inference (`run`, `bench decode`) load it into a model region through the
-//! model registry of their model pool ([`ModelFile::open_for_inference`], design §6.2/§6.4 of
-//! `shared/design/model-memory.md`), which charges the weights to the pool's account first, with
-//! the loader `--loader` names: `lazy` by default, which runs as `mmap` where userfaultfd is not
-//! permitted; every such degradation is printed to stderr as one `airs: note:` line.
-//! The embedded model is compiled into the binary, so there is no file to load: it stays a
-//! static image (already in memory, read-only) and reports its loader as `embedded`; its bytes
-//! are still charged to the model pool. `--loader` applies to model files only.
-//! Cost: opening maps the file or starts the load (see airs-memory); notices are a lock and a
-//! clone of a short list.
+//! While a lazy load fills the region in the background, a progress bar is drawn on stderr when
+//! stderr is a terminal; it is cleared once the load completes, or when generated text starts
+//! streaming to the same terminal.
+//! Cost: opening starts the load (see airs-memory); notices are a lock and a clone of a short
+//! list.
 
-use std::cell::Cell;
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use airs_engine::image::open_model_in;
-use airs_engine::{MappedFile, ModelImage, StaticImage};
-use airs_memory::{
-    LoadOptions, LoaderKind, ModelRegion, ModelRegistry, Notice, PoolCharge, PoolUse,
-};
-use anyhow::Context;
+use airs_memory::{LoadOptions, LoaderKind, ModelRegistry};
+use airs_runtime::LoadedModel;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-
-/// The embedded default model.
-pub static DEFAULT_MODEL: &[u8] = include_bytes!("../../../models/stories260K.gguf");
-pub const DEFAULT_MODEL_NAME: &str = "stories260K.gguf (embedded)";
 
 /// `--loader`, shared by the commands that run inference.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -55,161 +46,129 @@ impl LoaderArgs {
     }
 }
 
-/// A model image and the name to report it by.
-pub struct ModelFile {
-    pub image: Arc<dyn ModelImage>,
-    pub name: String,
-    pub path: Option<PathBuf>,
-    /// The model region, when the file was loaded into one.
-    pub region: Option<Arc<ModelRegion>>,
-    /// When opening started (for times "from open").
-    pub opened_at: Instant,
-    /// When the region load started (after the header was parsed).
-    pub load_started: Option<Instant>,
-    /// Notices already printed to stderr.
-    notices_shown: Cell<usize>,
-    /// The embedded model's charge to the model pool (a region loaded through the registry
-    /// carries its own, held by `image`'s session on it).
-    _weights: Option<PoolCharge>,
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-impl ModelFile {
-    /// Map `path`, or use the embedded default when `path` is `None`.
-    pub fn open(path: Option<&Path>) -> anyhow::Result<ModelFile> {
-        let opened_at = Instant::now();
-        match path {
-            None => Ok(ModelFile::embedded(opened_at)),
-            Some(p) => {
-                let map =
-                    MappedFile::open(p).with_context(|| format!("opening {}", p.display()))?;
-                Ok(ModelFile {
-                    image: Arc::new(map),
-                    name: p.display().to_string(),
-                    path: Some(p.to_path_buf()),
-                    region: None,
-                    opened_at,
-                    load_started: None,
-                    notices_shown: Cell::new(0),
-                    _weights: None,
-                })
-            }
-        }
+/// Load `path` (or the embedded model) through `registry` with the loader `args` names and
+/// `threads` threads, printing the region's notices to stderr. Errors are one line.
+pub fn load(
+    path: Option<&Path>,
+    args: &LoaderArgs,
+    registry: &ModelRegistry,
+    threads: usize,
+) -> anyhow::Result<LoadedModel> {
+    if path.is_none()
+        && let Some(l) = args.loader
+    {
+        eprintln!(
+            "airs: note: the embedded model is compiled into the binary; --loader {l} applies \
+             to model files (--model PATH)"
+        );
     }
-
-    /// Load `path` into a model region through `registry` (charged to its model pool) with the
-    /// loader `args` names (printing the region's notices to stderr), or use the embedded
-    /// default when `path` is `None` (its bytes charged to the same pool).
-    pub fn open_for_inference(
-        path: Option<&Path>,
-        args: &LoaderArgs,
-        registry: &ModelRegistry,
-    ) -> anyhow::Result<ModelFile> {
-        let opened_at = Instant::now();
-        let Some(p) = path else {
-            if let Some(l) = args.loader {
-                eprintln!(
-                    "airs: note: the embedded model is compiled into the binary; --loader {l} \
-                     applies to model files (--model PATH)"
-                );
-            }
-            let charge = registry.pool().charge(
-                PoolUse::Weights,
-                DEFAULT_MODEL.len() as u64,
-                DEFAULT_MODEL_NAME,
-            )?;
-            let mut file = ModelFile::embedded(opened_at);
-            file._weights = Some(charge);
-            return Ok(file);
-        };
-        // The engine error's message already includes its cause: one line, no repeated chain.
-        let opened = open_model_in(registry, p, &args.options()).map_err(|e| {
+    let model =
+        LoadedModel::load_or_embedded(registry, path, &args.options(), threads).map_err(|e| {
+            let name = path.map_or_else(
+                || airs_runtime::EMBEDDED_MODEL_NAME.to_string(),
+                |p| p.display().to_string(),
+            );
             let hint = match e.kind() {
-                airs_engine::EngineErrorKind::ModelPool(_) => format!(
-                    " (`airs fit {}` shows what fits in which pool)",
-                    p.display()
-                ),
+                airs_runtime::RuntimeErrorKind::Engine(ee)
+                    if matches!(ee.kind(), airs_engine::EngineErrorKind::ModelPool(_)) =>
+                {
+                    format!(" (`airs fit {name}` shows what fits in which pool)")
+                }
                 _ => String::new(),
             };
-            anyhow::anyhow!("loading {}: {e}{hint}", p.display())
+            anyhow::anyhow!("loading {name}: {e}{hint}")
         })?;
-        let file = ModelFile {
-            image: opened.dyn_image(),
-            name: p.display().to_string(),
-            path: Some(p.to_path_buf()),
-            region: Some(opened.region().clone()),
-            opened_at,
-            load_started: Some(opened.load_started),
-            notices_shown: Cell::new(0),
-            _weights: None,
-        };
-        file.print_new_notices();
-        Ok(file)
-    }
+    Notices::default().print_new(&model);
+    Ok(model)
+}
 
-    fn embedded(opened_at: Instant) -> ModelFile {
-        ModelFile {
-            image: Arc::new(StaticImage(DEFAULT_MODEL)),
-            name: DEFAULT_MODEL_NAME.into(),
-            path: None,
-            region: None,
-            opened_at,
-            load_started: None,
-            notices_shown: Cell::new(0),
-            _weights: None,
-        }
-    }
+/// Prints a model's notices to stderr, each once.
+#[derive(Default)]
+pub struct Notices {
+    shown: usize,
+}
 
-    pub fn parse(&self) -> anyhow::Result<airs_gguf::Gguf<'_>> {
-        airs_gguf::Gguf::parse(self.image.bytes()).with_context(|| format!("reading {}", self.name))
-    }
-
-    /// The loader in use after any fallback: `eager`, `mmap`, `lazy`, `embedded`, or `map`
-    /// (a plain read-only map, for header-only commands).
-    pub fn loader_name(&self) -> &'static str {
-        match (&self.region, &self.path) {
-            (Some(r), _) => r.loader_kind().as_str(),
-            (None, None) => "embedded",
-            (None, Some(_)) => "map",
-        }
-    }
-
-    /// Every notice of the region so far (degradations, some arriving when a lazy load ends).
-    pub fn notices(&self) -> Vec<Notice> {
-        self.region
-            .as_ref()
-            .map(|r| r.notices())
-            .unwrap_or_default()
-    }
-
-    /// Prints the notices not printed yet to stderr, one line each.
-    pub fn print_new_notices(&self) {
-        let notices = self.notices();
-        for n in notices.iter().skip(self.notices_shown.get()) {
+impl Notices {
+    pub fn print_new(&mut self, model: &LoadedModel) {
+        let notices = model.notices();
+        for n in notices.iter().skip(self.shown) {
             eprintln!("airs: note: {n}");
         }
-        self.notices_shown.set(notices.len());
+        self.shown = notices.len();
     }
+}
 
-    /// Blocks until the region is fully loaded and finalized (at once without a region).
-    pub fn wait_resident(&self) -> anyhow::Result<()> {
-        if let Some(r) = &self.region {
-            r.loader()
-                .wait_resident()
-                .with_context(|| format!("loading {}", self.name))?;
-        }
-        Ok(())
-    }
+/// The background-fill progress bar on stderr (a thread polling the loader).
+pub struct FillProgress {
+    bar: indicatif::ProgressBar,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
 
-    /// Time from opening until every byte was resident and the region finalized; `None` for
-    /// mmap (the kernel pages the file in on demand: not tracked), the embedded model, or a
-    /// load still running.
-    pub fn fully_resident_after_open(&self) -> Option<Duration> {
-        let region = self.region.as_ref()?;
-        if region.loader_kind() == LoaderKind::Mmap {
+impl FillProgress {
+    /// A bar for `model`'s lazy load, if it is still filling and stderr is a terminal.
+    pub fn start(model: &LoadedModel) -> Option<FillProgress> {
+        let region = model.region()?;
+        let loader = region.loader();
+        if region.loader_kind() != LoaderKind::Lazy
+            || loader.is_resident()
+            || !std::io::stderr().is_terminal()
+        {
             return None;
         }
-        let after_load_start = region.loader().fully_resident_after()?;
-        let load_started = self.load_started?;
-        Some(load_started.duration_since(self.opened_at) + after_load_start)
+        let total = loader.progress().total_bytes;
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "loading {bytes:>10}/{total_bytes} [{bar:30}] {bytes_per_sec} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, s) = (bar.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("airs-progress".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    b.set_position(loader.progress().filled_bytes);
+                    // Resident (true) or failed (error): either way the fill is over.
+                    if loader
+                        .wait_resident_timeout(Duration::from_millis(100))
+                        .unwrap_or(true)
+                    {
+                        break;
+                    }
+                }
+                b.finish_and_clear();
+            })
+            .ok()?;
+        Some(FillProgress {
+            bar,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Clears the bar and stops its thread.
+    pub fn finish(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Drop for FillProgress {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

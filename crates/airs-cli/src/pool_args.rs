@@ -1,16 +1,11 @@
-//! The model pool a command runs in: `--device-ram` and `--model-pool`, turned into the device
-//! budget by the design's rule (`airs_memory::budget`, §6.1) and into the one account every
-//! byte held for models is charged to (`airs_memory::ModelPool`), with the model registry that
-//! loads weights into it. `airs fit` predicts with the same flags; `airs run`, `airs session`
-//! and `airs bench sessions` enforce them.
-//! Cost: reads `/proc/meminfo` once when `--device-ram` is not given.
+//! `--device-ram` and `--model-pool`: the model pool a command runs in, turned into the
+//! runtime's [`PoolPolicy`] (the design's budget rule, `airs_runtime::fit`). `airs fit`
+//! predicts with the same flags; every command that runs a model enforces them.
 
 use std::sync::Arc;
 
-use airs_memory::{ModelRegistry, PoolBudget};
-use anyhow::Context;
-
-use crate::fit::parse_size;
+use airs_memory::ModelRegistry;
+use airs_runtime::fit::{PoolPolicy, parse_size};
 
 /// `--device-ram`, `--model-pool`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -25,43 +20,21 @@ pub struct PoolArgs {
 }
 
 impl PoolArgs {
-    /// The device budget and where its RAM size came from.
-    pub fn budget(&self) -> anyhow::Result<(PoolBudget, &'static str)> {
-        let (mut budget, source) = match self.device_ram {
-            Some(bytes) => (PoolBudget::for_total_ram(bytes), "--device-ram"),
-            None => (
-                PoolBudget::for_this_device().context("reading this machine's RAM size")?,
-                "this machine",
-            ),
-        };
-        if let Some(pool) = self.model_pool {
-            budget = budget.with_model_pool(pool)?;
+    pub fn policy(&self) -> PoolPolicy {
+        PoolPolicy {
+            device_ram: self.device_ram,
+            model_pool: self.model_pool,
         }
-        Ok((budget, source))
     }
 
-    /// An empty model registry over a new account of the budget's model pool. A device without
-    /// a model pool (2 GB: inference is remote) is an error here, before anything is loaded.
+    /// An empty model registry over the model pool (an error on a device without one).
     pub fn registry(&self) -> anyhow::Result<Arc<ModelRegistry>> {
-        let (budget, source) = self.budget()?;
-        anyhow::ensure!(
-            budget.model_pool_bytes > 0,
-            "a device with {} MiB of RAM ({source}) has no model pool: the design routes its \
-             inference to a remote endpoint (give --model-pool SIZE to run locally anyway)",
-            budget.total_bytes >> 20
-        );
-        Ok(Arc::new(ModelRegistry::for_budget(&budget)))
+        Ok(self.policy().registry()?)
     }
 }
 
 /// The account's state for `--json` output.
 pub fn model_pool_json(pool: &airs_memory::ModelPool) -> serde_json::Value {
-    let u = pool.usage();
-    serde_json::json!({
-        "capacity_bytes": u.capacity_bytes,
-        "weights_bytes": u.weights_bytes,
-        "kv_cache_bytes": u.kv_cache_bytes,
-        "scratch_bytes": u.scratch_bytes,
-        "free_bytes": u.free_bytes(),
-    })
+    serde_json::to_value(airs_runtime::service::ModelPoolUsage::from(pool.usage()))
+        .unwrap_or_default()
 }

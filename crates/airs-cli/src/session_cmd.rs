@@ -1,9 +1,10 @@
 //! `airs session`: one conversation turn (or a script of turns) of a persisted session.
 //!
 //! The session lives in a SQLite history database (`--db`, see `airs_runtime::store`): the
-//! first use creates it (with `--priority`, `--system`, `--temperature`, `--seed`), later uses
-//! continue it — in a new process, its KV cache is rebuilt from the stored token history before
-//! the new turn. A turn's reply is printed only after the turn is committed (`synchronous=FULL`
+//! first use creates it (with `--priority` and `--system`), later uses continue it — in a new
+//! process, its KV cache is rebuilt from the stored token history before the new turn. Each
+//! turn samples with the flags given (greedy unless `--temperature`); turn `t` draws with a seed
+//! derived from `--seed` and `t`, so a rerun of a turn draws what the first run drew. A turn's reply is printed only after the turn is committed (`synchronous=FULL`
 //! unless `--sync normal`), so whatever was printed survives the process being killed.
 //!
 //! - `airs session --db D --model M --session S "text"`: append `text`, generate (greedy unless
@@ -22,17 +23,19 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use airs_engine::KvType;
 use airs_runtime::{
-    Durability, Engine, HistoryStore, ManagerConfig, Priority, RequestOptions, Role,
-    SamplerSettings, SessionManager, SessionSpec,
+    ChoiceEnd, Completion, Durability, Event, HistoryStore, Priority, Request, Role, Scheduler,
+    SchedulerConfig, SessionTurn,
 };
 use anyhow::Context;
 use serde_json::json;
 
-use crate::model_file::LoaderArgs;
+use crate::model_file::{LoaderArgs, default_threads, load};
 use crate::pool_args::PoolArgs;
+use crate::run::SamplingArgs;
 
 /// `--sync`: how a commit reaches the disk.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -69,15 +72,8 @@ pub struct SessionArgs {
     /// Print the conversation instead of adding to it.
     #[arg(long)]
     pub show: bool,
-    /// Most tokens per reply.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 64)]
-    pub max_tokens: usize,
-    /// Sampling temperature of a new session; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sampler seed of a new session.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// KV pool budget (e.g. 64M), taken from the model pool with the weights and scratch.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub pool: usize,
@@ -102,103 +98,127 @@ pub fn parse_priority(s: &str) -> Result<Priority, String> {
     s.parse()
 }
 
-/// A non-zero byte size such as `256K` or `64M` ([`crate::fit::parse_size`]'s units).
+/// A non-zero byte size such as `256K` or `64M` ([`airs_runtime::fit::parse_size`]'s units).
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let bytes = crate::fit::parse_size(s)?;
+    let bytes = airs_runtime::fit::parse_size(s)?;
     match usize::try_from(bytes) {
         Ok(b) if b > 0 => Ok(b),
         _ => Err(format!("size {s:?} is out of range")),
     }
 }
 
-fn threads(t: Option<usize>) -> usize {
-    t.unwrap_or_else(crate::run::default_threads)
+/// What the sink of one turn collected.
+#[derive(Default)]
+struct TurnOutcome {
+    end: Option<ChoiceEnd>,
+    done: Option<Completion>,
+    error: Option<airs_runtime::RuntimeError>,
+}
+
+/// The history of session `name` in `store`: `(role, content, tokens)` of every message.
+fn stored_history(
+    store: &HistoryStore,
+    name: &str,
+) -> anyhow::Result<Vec<(Role, String, Vec<u32>)>> {
+    let Some(stored) = store.find_session(name)? else {
+        return Ok(Vec::new());
+    };
+    Ok(store
+        .load_messages(stored.id)?
+        .into_iter()
+        .map(|m| (m.role, m.content, m.tokens))
+        .collect())
 }
 
 pub fn run(args: SessionArgs) -> anyhow::Result<()> {
-    let registry = args.model_pool.registry()?;
-    let engine = Engine::load(
-        &registry,
-        &args.model,
-        &args.load.options(),
-        threads(args.threads),
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
     let durability = match args.sync {
         SyncMode::Full => Durability::Full,
         SyncMode::Normal => Durability::Normal,
     };
     let store = HistoryStore::open(&args.db, durability)
         .with_context(|| format!("opening {}", args.db.display()))?;
-    let mut config = ManagerConfig::new(args.pool);
-    config.kv_type = args.kv_type;
-    let mut manager = SessionManager::new(engine, store, config)?;
-    for n in manager.pool().memory().notices() {
-        eprintln!("airs: note: {n}");
-    }
-    let spec = SessionSpec {
-        name: args.session.clone(),
-        priority: args.priority,
-        system: args.system.clone(),
-        sampler: SamplerSettings {
-            temperature: args.temperature,
-            seed: args.seed,
-            ..SamplerSettings::default()
-        },
-        salt: None,
-    };
-    let id = manager.open_session(&spec)?;
-    let options = RequestOptions {
-        max_tokens: args.max_tokens,
-    };
     let mut out = std::io::stdout().lock();
-
     if args.show {
-        let store = manager.store();
-        let stored = store
-            .find_session(&args.session)?
-            .context("the session vanished")?;
-        let messages = store.load_messages(stored.id)?;
+        let messages = stored_history(&store, &args.session)?;
+        anyhow::ensure!(!messages.is_empty(), "no session {:?}", args.session);
         if args.json {
             let v: Vec<_> = messages
                 .iter()
-                .map(|m| json!({"role": m.role.name(), "content": m.content, "tokens": m.tokens}))
+                .map(|(r, c, t)| json!({"role": r.name(), "content": c, "tokens": t}))
                 .collect();
             writeln!(out, "{}", serde_json::Value::Array(v))?;
         } else {
-            for m in &messages {
-                writeln!(out, "{}: {}", m.role.name(), m.content)?;
+            for (r, c, _) in &messages {
+                writeln!(out, "{}: {c}", r.name())?;
             }
         }
         return Ok(());
     }
+    let said: Vec<String> = stored_history(&store, &args.session)?
+        .into_iter()
+        .filter(|(r, _, _)| *r == Role::User)
+        .map(|(_, c, _)| c)
+        .collect();
 
-    let turn_json = |r: &airs_runtime::Reply| {
-        json!({
+    let registry = args.model_pool.registry()?;
+    let threads = args.threads.unwrap_or_else(default_threads);
+    let model = Arc::new(load(Some(&args.model), &args.load, &registry, threads)?);
+    let mut config = SchedulerConfig::new(args.pool);
+    config.kv_type = args.kv_type;
+    let mut scheduler = Scheduler::new(model, config, Some(store))?;
+    for n in scheduler.kv_pool().memory().notices() {
+        eprintln!("airs: note: {n}");
+    }
+
+    let mut turn = |text: &str| -> anyhow::Result<serde_json::Value> {
+        let started = std::time::Instant::now();
+        let mut request =
+            Request::turn(&args.session, text, args.sampling.params()).with_priority(args.priority);
+        request.session = Some(SessionTurn {
+            name: args.session.clone(),
+            system: args.system.clone(),
+        });
+        let outcome = Arc::new(Mutex::new(TurnOutcome::default()));
+        let o = Arc::clone(&outcome);
+        let id = scheduler.submit(
+            request,
+            Box::new(move |event| {
+                let mut o = o.lock().unwrap();
+                match event {
+                    Event::ChoiceEnd(e) => o.end = Some(e),
+                    Event::Done(d) => o.done = Some(d),
+                    Event::Failed(e) => o.error = Some(e),
+                    _ => {}
+                }
+                true
+            }),
+        )?;
+        scheduler.run_until_done(id);
+        let TurnOutcome { end, done, error } = std::mem::take(&mut *outcome.lock().unwrap());
+        if let Some(e) = error {
+            return Err(e.into());
+        }
+        let (end, done) = end.zip(done).context("the turn ended without a result")?;
+        Ok(json!({
             "session": args.session,
-            "turn": r.turn,
-            "text": r.text,
-            "tokens": r.tokens,
-            "stop_reason": r.stop_reason.name(),
-            "prompt_tokens": r.prompt_tokens,
-            "prefill_tokens": r.prefill_tokens,
-            "rebuild": r.rebuild,
-            "evictions": r.evictions,
-            "elapsed_ms": r.elapsed.as_secs_f64() * 1e3,
-        })
+            "turn": done.turn,
+            "text": end.text,
+            "tokens": end.tokens,
+            "stop_reason": end.reason.name(),
+            "prompt_tokens": done.usage.prompt_tokens,
+            "prefill_tokens": done.prefill_tokens,
+            "cached_tokens": done.usage.cached_tokens,
+            "rebuild": { "recomputed_tokens": done.rebuilt_tokens },
+            "preemptions": done.preemptions,
+            "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
+        }))
     };
 
     if let Some(script) = &args.script {
         let text = std::fs::read_to_string(script)
             .with_context(|| format!("reading {}", script.display()))?;
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let done: Vec<String> = manager
-            .history(id)?
-            .into_iter()
-            .filter(|(r, _)| *r == Role::User)
-            .map(|(_, c)| c)
-            .collect();
-        for (i, said) in done.iter().enumerate() {
+        for (i, said) in said.iter().enumerate() {
             anyhow::ensure!(
                 lines.get(i) == Some(&said.as_str()),
                 "line {} of the script does not match turn {i} of session {:?}",
@@ -206,10 +226,10 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
                 args.session
             );
         }
-        for (turn, line) in lines.iter().enumerate().skip(done.len()) {
-            let reply = manager.request(id, line, &options)?;
+        for (n, line) in lines.iter().enumerate().skip(said.len()) {
+            let reply = turn(line)?;
             // The turn is committed: acknowledge it.
-            writeln!(out, "ack {turn} {}", turn_json(&reply))?;
+            writeln!(out, "ack {n} {reply}")?;
             out.flush()?;
         }
         return Ok(());
@@ -219,11 +239,11 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
         .text
         .as_deref()
         .expect("clap requires text, --script or --show");
-    let reply = manager.request(id, text, &options)?;
+    let reply = turn(text)?;
     if args.json {
-        writeln!(out, "{}", turn_json(&reply))?;
+        writeln!(out, "{reply}")?;
     } else {
-        writeln!(out, "{}", reply.text)?;
+        writeln!(out, "{}", reply["text"].as_str().unwrap_or(""))?;
     }
     out.flush()?;
     Ok(())

@@ -1,19 +1,17 @@
 //! `airs tokenize`: the token ids and pieces of a text under a model's tokenizer.
 
-use airs_tokenizer::{EncodeOptions, TokenId, Tokenizer};
+use airs_runtime::ModelBytes;
+use airs_tokenizer::{EncodeOptions, TokenId};
 use serde_json::json;
 
-use crate::model_file::ModelFile;
-
 pub fn run(
-    model: &ModelFile,
+    model: &ModelBytes,
     text: &str,
     no_bos: bool,
     no_special: bool,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let gguf = model.parse()?;
-    let tok = Tokenizer::from_gguf(&gguf)?;
+    let tok = model.tokenizer()?;
     let options = EncodeOptions {
         add_bos: tok.add_bos() && !no_bos,
         parse_special: !no_special,

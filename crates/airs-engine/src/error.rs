@@ -9,7 +9,7 @@ pub enum EngineErrorKind {
     /// The model file could not be read or parsed.
     Model(airs_gguf::GgufError),
     /// The tokenizer could not be built from the file's metadata.
-    Tokenizer(String),
+    Tokenizer(airs_tokenizer::TokenizerError),
     /// A weight tensor has a type airs has no kernel for.
     UnsupportedTensorType {
         tensor: String,
@@ -21,10 +21,13 @@ pub enum EngineErrorKind {
     TokenOutOfRange { token: u32, vocab_len: usize },
     /// The sequence would exceed the KV cache's capacity.
     ContextFull { needed: usize, capacity: usize },
-    /// The KV cache could not get memory (pool exhausted).
-    KvAlloc(String),
+    /// The KV block pool has no block left for the sequence.
+    KvExhausted(airs_memory::PoolExhausted),
+    /// The KV pool could not be made (the model pool's account refused it, or the mapping
+    /// failed).
+    KvPool(airs_memory::MemoryError),
     /// The model's weights could not be read (e.g. a lazy load failed).
-    Load(String),
+    Load(airs_memory::MemoryError),
     /// The model pool cannot hold the model (too large for it, or held by models in use).
     ModelPool(airs_memory::RegistryError),
     /// An argument was invalid.
@@ -83,8 +86,12 @@ impl fmt::Display for EngineError {
                 f,
                 "the sequence needs {needed} positions but the KV cache holds {capacity}"
             ),
-            KvAlloc(e) => write!(f, "KV cache: {e}"),
-            Load(e) => write!(f, "loading weights: {e}"),
+            KvExhausted(e) => write!(f, "KV cache: {e}"),
+            KvPool(e) => write!(f, "KV pool: {e}"),
+            Load(e) => match e.io_error() {
+                Some(io) => write!(f, "loading weights: {e}: {io}"),
+                None => write!(f, "loading weights: {e}"),
+            },
             ModelPool(e) => write!(f, "{e}"),
             InvalidArgument(e) => write!(f, "{e}"),
             Io(e) => write!(f, "{e}"),
@@ -96,6 +103,7 @@ impl std::error::Error for EngineError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             EngineErrorKind::Model(e) => Some(e),
+            EngineErrorKind::Tokenizer(e) => Some(e),
             EngineErrorKind::Io(e) => Some(e),
             _ => None,
         }

@@ -113,7 +113,7 @@ pub struct Scratch {
     pub quantized: u64,
     /// Per-thread matmul tiles and attention score buffers, all threads.
     pub per_thread: u64,
-    /// Output norm row and the last row's logits.
+    /// Output norm rows and the logits of every sequence's last row.
     pub logits: u64,
     /// Sampler candidates, probabilities and weights over the vocabulary.
     pub sampler: u64,
@@ -123,9 +123,24 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// The scratch of `shape` for sessions of `context` tokens on `threads` threads.
+    /// The scratch of `shape` for one sequence of `context` tokens on `threads` threads, in
+    /// passes of up to [`PREFILL_BATCH`] rows.
     pub fn new(shape: &ModelShape, context: u64, threads: u64) -> Scratch {
-        let r = context.clamp(1, PREFILL_BATCH);
+        Scratch::for_batch(shape, context, threads, context.clamp(1, PREFILL_BATCH), 1)
+    }
+
+    /// The scratch of a batched step of up to `step_rows` rows over at most `max_seqs`
+    /// sequences (each wanting its last row's logits) of up to `context` tokens, on `threads`
+    /// threads: what the runtime's scheduler charges.
+    pub fn for_batch(
+        shape: &ModelShape,
+        context: u64,
+        threads: u64,
+        step_rows: u64,
+        max_seqs: u64,
+    ) -> Scratch {
+        let r = step_rows.max(1);
+        let seqs = max_seqs.max(1);
         let s = shape;
         let f32s = 3 * s.embd + 2 * s.q_len() + 2 * s.kv_len() + 2 * s.ff;
         let rope = s.rope_dims / 2 * 8;
@@ -140,18 +155,22 @@ impl Scratch {
         let tile = if r > 1 { r * tile_width * 4 } else { 0 };
         let group = s.heads / s.kv_heads.max(1);
         let scores = group * context * 4;
+        // While weights load, a step runs up to LAYER_MAJOR_PASSES passes layer-major (one
+        // sequence's prompt holds at most `context` of those rows).
+        let loading_rows = LAYER_MAJOR_PASSES as u64 * r;
+        let loading_rows = if seqs == 1 {
+            loading_rows.min(context)
+        } else {
+            loading_rows
+        };
         Scratch {
             rows: r,
             activations: r * (f32s * 4 + rope),
             quantized: r * (s.act_row_bytes + prepared),
             per_thread: threads * (tile + scores),
-            logits: s.embd * 4 + s.vocab * 4,
+            logits: seqs * (s.embd * 4 + s.vocab * 4),
             sampler: s.vocab * 16,
-            residual: context
-                .min(LAYER_MAJOR_PASSES as u64 * PREFILL_BATCH)
-                .saturating_sub(r)
-                * s.embd
-                * 4,
+            residual: loading_rows.saturating_sub(r) * s.embd * 4,
         }
     }
 

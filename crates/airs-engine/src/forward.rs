@@ -4,13 +4,17 @@
 //! recurrence, grouped-query attention through a [`KvCache`], SwiGLU feed-forward, and the
 //! output projection.
 //!
-//! One call processes a batch of consecutive tokens (prefill) or one token (decode); a prompt of
-//! several batches can also run *layer-major* (every batch through layer 0, then layer 1, …),
-//! bit-identical to batch after batch, which lets all of it overlap a lazy load. Each
-//! matrix product quantizes its input activations once (`QuantizedActs`) and splits weight
-//! rows across the thread pool; attention is split over (token, head) pairs. Cost per token:
-//! one pass over every weight byte (plus the output projection), and O(context × kv_len)
-//! attention work per layer.
+//! One call ([`Model::forward_batch`]) is one *step* over a batch of sequences, each with its
+//! own KV cache (a paged block table) and positions: decode rows of some sequences and prefill
+//! chunks of others together, as continuous batching needs (llama.cpp's `llama_batch` names
+//! the sequence of every row in the same way). Every weight matrix is read once per pass for
+//! all rows; attention runs per row through its own sequence's cache. A long prompt can also
+//! run *layer-major* (every pass through layer 0, then layer 1, …), bit-identical to pass
+//! after pass, which lets all of it overlap a lazy load. Each matrix product quantizes its
+//! input activations once (`QuantizedActs`) and splits weight rows across the thread pool;
+//! attention is split over (row, head) pairs. Cost per step: one pass over every weight byte
+//! (plus the output projection, once for all rows that want logits), and O(context × kv_len)
+//! attention work per row and layer.
 
 use airs_kernels::Isa;
 
@@ -22,18 +26,65 @@ use crate::par::{DisjointOut, QuantizedActs, matmul};
 use crate::pool::ThreadPool;
 use airs_gguf::RopeStyle;
 
-/// Most passes a prefill runs layer-major at once while weights load ([`Model::prefill`]): it
-/// holds their residual stream (`passes × pass_rows × n_embd` floats), which the scratch
-/// estimate ([`crate::footprint`]) counts.
+/// Most passes a step runs layer-major at once while weights load ([`Model::forward_batch`];
+/// the runtime's scheduler gives a prompt that many passes per step then): it holds their
+/// residual stream (`passes × pass_rows × n_embd` floats), which the scratch estimate
+/// ([`crate::footprint`]) counts.
 pub const LAYER_MAJOR_PASSES: usize = 4;
 
-/// Which logits a forward pass returns.
+/// Which logits [`Model::forward`] returns.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Logits {
     /// Only the last token's (what generation needs).
     Last,
     /// Every token's, `tokens × vocab` (tests, perplexity).
     All,
+}
+
+/// What a batched forward pass returns for one of its sequences.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Nothing (a prefill chunk that does not reach the end of its prompt).
+    Nothing,
+    /// The last token's logits (`vocab` values).
+    LastLogits,
+    /// Every token's logits (`tokens × vocab`).
+    AllLogits,
+    /// Every token's final hidden state after the output norm (`tokens × n_embd`): what
+    /// embeddings are pooled from.
+    AllHidden,
+}
+
+impl From<Logits> for Output {
+    fn from(l: Logits) -> Output {
+        match l {
+            Logits::Last => Output::LastLogits,
+            Logits::All => Output::AllLogits,
+        }
+    }
+}
+
+/// One sequence of a batched forward pass: its tokens are computed at positions
+/// `kv.len()..` of its own KV cache.
+pub struct BatchSeq<'a> {
+    pub kv: &'a mut dyn KvCache,
+    pub tokens: &'a [u32],
+    pub output: Output,
+}
+
+/// The outputs of a batched forward pass: sequence `i`'s values are
+/// `values[ranges[i].clone()]` (empty for [`Output::Nothing`]).
+#[derive(Clone, Debug, Default)]
+pub struct BatchOutput {
+    pub values: Vec<f32>,
+    pub ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl BatchOutput {
+    /// Sequence `i`'s output values.
+    pub fn get(&self, i: usize) -> &[f32] {
+        &self.values[self.ranges[i].clone()]
+    }
 }
 
 /// The execution resources a forward pass runs with: explicit, never read from the environment.
@@ -94,6 +145,23 @@ impl PassScratch {
     }
 }
 
+/// The rows of one sequence inside one pass: rows `row0..row0 + rope.tokens` of the pass are
+/// its tokens at positions `pos0..`.
+struct Segment {
+    seq: usize,
+    row0: usize,
+    pos0: usize,
+    rope: RopeTable,
+}
+
+/// One pass of a batch: up to `pass_rows` consecutive rows of the batch's residual stream.
+struct Pass {
+    /// First row of the pass in the batch.
+    first: usize,
+    rows: usize,
+    segments: Vec<Segment>,
+}
+
 impl Model {
     /// Run `tokens` at positions `kv.len()..` through the model, storing their keys and values
     /// in `kv`, and return the requested logits.
@@ -107,43 +175,8 @@ impl Model {
         self.forward_passes(rt, kv, tokens, tokens.len().max(1), logits)
     }
 
-    /// The passes of a prompt (at most `pass_rows` tokens each), returning the last token's
-    /// logits: pass by pass while the weights are resident (one pass's residual stream at a
-    /// time), layer-major ([`Model::forward_passes`]) in groups of [`LAYER_MAJOR_PASSES`] while
-    /// they are still loading, so that a long prompt, not only its first pass, overlaps the
-    /// load. The same bits either way.
-    pub fn prefill(
-        &self,
-        rt: &Runtime,
-        kv: &mut dyn KvCache,
-        tokens: &[u32],
-        pass_rows: usize,
-    ) -> Result<Vec<f32>, EngineError> {
-        let pass_rows = pass_rows.max(1);
-        let mut logits = Vec::new();
-        if tokens.len() > pass_rows && self.image().is_loading() {
-            for group in tokens.chunks(pass_rows * LAYER_MAJOR_PASSES) {
-                logits = self.forward_passes(rt, kv, group, pass_rows, Logits::Last)?;
-            }
-        } else {
-            for pass in tokens.chunks(pass_rows) {
-                logits = self.forward(rt, kv, pass, Logits::Last)?;
-            }
-        }
-        if logits.is_empty() {
-            return Err(EngineError::invalid("forward pass over zero tokens"));
-        }
-        Ok(logits)
-    }
-
     /// [`Model::forward`] over `tokens` as consecutive passes of at most `pass_rows` tokens,
-    /// computed *layer-major*: layer 0 of every pass, then layer 1 of every pass, and so on.
-    /// Each pass computes exactly what `forward` on it would (the same rows, positions and
-    /// kernels: the results are bit-identical to calling `forward` pass by pass), but a layer's
-    /// weights are used by all passes before the next layer's are needed — so while the weights
-    /// are still loading (lazy or mmap), every pass of a long prompt overlaps the load, not only
-    /// the first. Costs the residual stream of all tokens (`tokens × n_embd` floats) on top of
-    /// one pass's scratch.
+    /// computed *layer-major* ([`Model::forward_batch`]).
     pub fn forward_passes(
         &self,
         rt: &Runtime,
@@ -152,30 +185,65 @@ impl Model {
         pass_rows: usize,
         logits: Logits,
     ) -> Result<Vec<f32>, EngineError> {
+        let mut seqs = [BatchSeq {
+            kv,
+            tokens,
+            output: logits.into(),
+        }];
+        Ok(self.forward_batch(rt, &mut seqs, pass_rows)?.values)
+    }
+
+    /// One forward step over a batch of sequences, each with its own KV cache and positions:
+    /// decode rows of some and prefill chunks of others together. Every weight matrix is read
+    /// once per pass for all the rows; attention runs per sequence through its own cache.
+    ///
+    /// The rows of all sequences, in order, are split into consecutive passes of at most
+    /// `pass_rows` rows, computed *layer-major*: layer 0 of every pass, then layer 1 of every
+    /// pass, and so on. With one pass (the usual step) that is simply a forward pass over all
+    /// the rows; with several, a layer's weights are used by every pass before the next layer's
+    /// are needed, so while the weights are still loading (lazy or mmap) all of a long prompt
+    /// overlaps the load, not only its first pass. It costs the residual stream of all rows
+    /// (`rows × n_embd` floats) on top of one pass's scratch.
+    ///
+    /// Batch invariance: every matrix kernel gives a row the same bits whatever the rows it is
+    /// computed with (`airs_kernels::matmul`), and norms, RoPE, attention and activations are
+    /// per row, so a sequence's results do not depend on what it was batched with, on how its
+    /// prompt was chunked, nor on the pass split.
+    pub fn forward_batch(
+        &self,
+        rt: &Runtime,
+        seqs: &mut [BatchSeq<'_>],
+        pass_rows: usize,
+    ) -> Result<BatchOutput, EngineError> {
         let cfg = &self.config;
-        let n_tokens = tokens.len();
-        if n_tokens == 0 {
+        let n_rows: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if seqs.iter().any(|s| s.tokens.is_empty()) || n_rows == 0 {
             return Err(EngineError::invalid("forward pass over zero tokens"));
         }
         if pass_rows == 0 {
             return Err(EngineError::invalid("passes of zero tokens"));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_len) {
-            return Err(EngineError::new(EngineErrorKind::TokenOutOfRange {
-                token: bad,
-                vocab_len: cfg.vocab_len,
-            }));
+        for s in seqs.iter() {
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_len) {
+                return Err(EngineError::new(EngineErrorKind::TokenOutOfRange {
+                    token: bad,
+                    vocab_len: cfg.vocab_len,
+                }));
+            }
         }
-        let pos0 = kv.len();
-        kv.reserve(pos0 + n_tokens)?;
+        let pos0: Vec<usize> = seqs.iter().map(|s| s.kv.len()).collect();
+        for (s, &p) in seqs.iter_mut().zip(&pos0) {
+            s.kv.reserve(p + s.tokens.len())?;
+        }
 
         let image = self.image().bytes();
         let pool = &rt.pool;
         let n_embd = cfg.embedding_len;
 
-        // Residual stream: the embedding rows of the tokens.
-        let mut x = vec![0.0f32; n_tokens * n_embd];
-        for (row, &tok) in x.chunks_exact_mut(n_embd).zip(tokens) {
+        // Residual stream: the embedding rows of every sequence's tokens, in order.
+        let mut x = vec![0.0f32; n_rows * n_embd];
+        let all_tokens = seqs.iter().flat_map(|s| s.tokens.iter());
+        for (row, &tok) in x.chunks_exact_mut(n_embd).zip(all_tokens) {
             airs_kernels::dequantize_row(
                 self.token_embd.ty,
                 self.token_embd.row(image, tok as usize),
@@ -184,71 +252,149 @@ impl Model {
             .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
         }
 
-        let mut scratch = PassScratch::new(cfg, pass_rows.min(n_tokens));
-        let passes: Vec<(usize, RopeTable)> = (0..n_tokens)
-            .step_by(pass_rows)
-            .map(|first| {
-                let rows = pass_rows.min(n_tokens - first);
-                let rope = RopeTable::new(cfg.rope_dims, cfg.rope_base, pos0 + first, rows);
-                (first, rope)
+        // Passes of at most `pass_rows` rows, each made of the segments of the sequences it
+        // covers.
+        let seq_first: Vec<usize> = seqs
+            .iter()
+            .scan(0, |at, s| {
+                let first = *at;
+                *at += s.tokens.len();
+                Some(first)
             })
             .collect();
+        let passes: Vec<Pass> = (0..n_rows)
+            .step_by(pass_rows)
+            .map(|first| {
+                let end = (first + pass_rows).min(n_rows);
+                let segments = (0..seqs.len())
+                    .filter_map(|i| {
+                        let (a, b) = (seq_first[i], seq_first[i] + seqs[i].tokens.len());
+                        let (lo, hi) = (a.max(first), b.min(end));
+                        (lo < hi).then(|| {
+                            let pos = pos0[i] + (lo - a);
+                            Segment {
+                                seq: i,
+                                row0: lo - first,
+                                pos0: pos,
+                                rope: RopeTable::new(cfg.rope_dims, cfg.rope_base, pos, hi - lo),
+                            }
+                        })
+                    })
+                    .collect();
+                Pass {
+                    first,
+                    rows: end - first,
+                    segments,
+                }
+            })
+            .collect();
+        let mut scratch = PassScratch::new(cfg, pass_rows.min(n_rows));
         for (l, layer) in self.layers.iter().enumerate() {
             self.image().enter_layer(l);
-            for (first, rope) in &passes {
-                let rows = rope.tokens;
-                let x_pass = &mut x[first * n_embd..(first + rows) * n_embd];
-                self.layer_pass(rt, kv, l, layer, x_pass, pos0 + first, rope, &mut scratch);
+            for pass in &passes {
+                let x_pass = &mut x[pass.first * n_embd..(pass.first + pass.rows) * n_embd];
+                self.layer_pass(rt, seqs, l, layer, x_pass, pass, &mut scratch);
             }
         }
         if let Some(e) = self.image().load_error() {
             return Err(EngineError::new(EngineErrorKind::Load(e)));
         }
 
-        // Output norm and projection, for the rows whose logits are wanted, per pass (as
-        // `forward` on each pass would compute them: the same bits).
-        let wanted: Vec<(usize, usize)> = match logits {
-            Logits::Last => vec![(n_tokens - 1, 1)],
-            Logits::All => passes.iter().map(|(first, r)| (*first, r.tokens)).collect(),
-        };
-        let rows_total: usize = wanted.iter().map(|&(_, rows)| rows).sum();
-        let mut out = vec![0.0f32; rows_total * cfg.vocab_len];
+        // Output norm (and projection) of the rows whose outputs are wanted, all sequences'
+        // together: the output matrix is read once for the whole batch.
+        let mut logit_rows: Vec<usize> = Vec::new();
+        let mut hidden_rows: Vec<usize> = Vec::new();
+        let mut wanted: Vec<(Output, usize, usize)> = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter().enumerate() {
+            let (first, n) = (seq_first[i], s.tokens.len());
+            let rows: Vec<usize> = match s.output {
+                Output::Nothing => Vec::new(),
+                Output::LastLogits => vec![first + n - 1],
+                Output::AllLogits | Output::AllHidden => (first..first + n).collect(),
+            };
+            let list = if s.output == Output::AllHidden {
+                &mut hidden_rows
+            } else {
+                &mut logit_rows
+            };
+            wanted.push((s.output, list.len(), rows.len()));
+            list.extend(rows);
+        }
         self.output_norm.decode_vector(image, &mut scratch.norm);
-        let act_type = airs_kernels::act_type(self.output.ty).expect("type checked at model load");
-        let mut at = 0;
-        for (first, rows) in wanted {
-            let x_out = &x[first * n_embd..(first + rows) * n_embd];
-            let xo = &mut scratch.xn[..rows * n_embd];
-            rms_norm(x_out, &scratch.norm, cfg.rms_eps, xo);
+        let normed = |rows: &[usize]| {
+            let mut xo = vec![0.0f32; rows.len() * n_embd];
+            for (o, &r) in xo.chunks_exact_mut(n_embd).zip(rows) {
+                rms_norm(
+                    &x[r * n_embd..(r + 1) * n_embd],
+                    &scratch.norm,
+                    cfg.rms_eps,
+                    o,
+                );
+            }
+            xo
+        };
+        let vocab = cfg.vocab_len;
+        let mut logits = Vec::new();
+        if !logit_rows.is_empty() {
+            let xo = normed(&logit_rows);
+            logits = vec![0.0f32; logit_rows.len() * vocab];
+            let act_type =
+                airs_kernels::act_type(self.output.ty).expect("type checked at model load");
             let acts = &mut scratch.acts;
             acts.reset();
-            let a = acts.get(pool, act_type, xo, n_embd);
-            let out_rows = &mut out[at * cfg.vocab_len..(at + rows) * cfg.vocab_len];
-            matmul(pool, rt.isa, image, &self.output, a, rows, out_rows);
-            at += rows;
+            let a = acts.get(pool, act_type, &xo, n_embd);
+            matmul(
+                pool,
+                rt.isa,
+                image,
+                &self.output,
+                a,
+                logit_rows.len(),
+                &mut logits,
+            );
         }
-        kv.set_len(pos0 + n_tokens);
+        let hidden = if hidden_rows.is_empty() {
+            Vec::new()
+        } else {
+            normed(&hidden_rows)
+        };
+        let hidden_at = logits.len();
+        let mut out = BatchOutput {
+            values: logits,
+            ranges: Vec::with_capacity(seqs.len()),
+        };
+        out.values.extend_from_slice(&hidden);
+        for (output, at, rows) in wanted {
+            out.ranges.push(match output {
+                Output::Nothing => 0..0,
+                Output::AllHidden => hidden_at + at * n_embd..hidden_at + (at + rows) * n_embd,
+                _ => at * vocab..(at + rows) * vocab,
+            });
+        }
+        for (s, &p) in seqs.iter_mut().zip(&pos0) {
+            s.kv.set_len(p + s.tokens.len());
+        }
         Ok(out)
     }
 
-    /// Layer `l` for one pass: the rows of `x` are the tokens at positions `pos0..`; their keys
-    /// and values are stored in `kv` (whose earlier positions of layer `l` must be there).
+    /// Layer `l` for one pass: each segment's rows of `x` are its sequence's tokens at positions
+    /// `pos0..`; their keys and values are stored in that sequence's cache (whose earlier
+    /// positions of layer `l` must be there).
     #[allow(clippy::too_many_arguments)]
     fn layer_pass(
         &self,
         rt: &Runtime,
-        kv: &mut dyn KvCache,
+        seqs: &mut [BatchSeq<'_>],
         l: usize,
         layer: &crate::model::LayerWeights,
         x: &mut [f32],
-        pos0: usize,
-        rope: &RopeTable,
+        pass: &Pass,
         s: &mut PassScratch,
     ) {
         let cfg = &self.config;
         let image = self.image().bytes();
         let pool = &rt.pool;
-        let n_tokens = rope.tokens;
+        let n_tokens = pass.rows;
         let (q_len, kv_len, head_dim) = (cfg.q_len(), cfg.kv_len(), cfg.head_dim);
         let group = cfg.heads / cfg.kv_heads;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -285,16 +431,29 @@ impl Model {
                 add_bias(out, bias);
             }
         }
-        rope.apply(q, cfg.heads, head_dim, cfg.rope_style);
-        rope.apply(k, cfg.kv_heads, head_dim, cfg.rope_style);
-        kv.store(l, pos0, k, v);
+        for seg in &pass.segments {
+            let rows = seg.row0..seg.row0 + seg.rope.tokens;
+            let (qs, ks) = (
+                &mut q[rows.start * q_len..rows.end * q_len],
+                &mut k[rows.start * kv_len..rows.end * kv_len],
+            );
+            seg.rope.apply(qs, cfg.heads, head_dim, cfg.rope_style);
+            seg.rope.apply(ks, cfg.kv_heads, head_dim, cfg.rope_style);
+            let vs = &v[rows.start * kv_len..rows.end * kv_len];
+            seqs[seg.seq].kv.store(l, seg.pos0, ks, vs);
+        }
 
-        // Attention, split over (token, KV head, slice of the query heads sharing that KV
-        // head): a slice attends all its heads at once, reading each K/V row once. Groups
-        // are sliced only as far as needed to give every thread work (decode has
-        // `kv_heads` items per token).
+        // Attention, split over (row, KV head, slice of the query heads sharing that KV head):
+        // a slice attends all its heads at once, reading each K/V row once, through the cache
+        // of the row's sequence. Groups are sliced only as far as needed to give every thread
+        // work (decode has `kv_heads` items per token).
         {
-            let kv_ref: &dyn KvCache = kv;
+            let caches: Vec<&dyn KvCache> = seqs.iter().map(|s| &*s.kv).collect();
+            // Row → (cache, position).
+            let mut row_at: Vec<(usize, usize)> = Vec::with_capacity(n_tokens);
+            for seg in &pass.segments {
+                row_at.extend((0..seg.rope.tokens).map(|t| (seg.seq, seg.pos0 + t)));
+            }
             let writer = DisjointOut::new(attn);
             let q = &*q;
             let pairs = n_tokens * cfg.kv_heads;
@@ -311,16 +470,17 @@ impl Model {
                         let (g, s) = (rest / slices, rest % slices);
                         let h0 = g * group + s * per_slice;
                         let h1 = (h0 + per_slice).min((g + 1) * group);
-                        let n_ctx = pos0 + t + 1;
+                        let (seq, pos) = row_at[t];
+                        let n_ctx = pos + 1;
                         if scores.len() < (h1 - h0) * n_ctx {
                             scores.resize((h1 - h0) * n_ctx, 0.0);
                         }
                         let at = t * q_len + h0 * head_dim;
                         let end = t * q_len + h1 * head_dim;
-                        // SAFETY: each (token, KV head, slice) item is visited once and owns
+                        // SAFETY: each (row, KV head, slice) item is visited once and owns
                         // the disjoint output range of its query heads, [at, end).
                         let out = unsafe { writer.slice(at..end) };
-                        kv_ref.attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
+                        caches[seq].attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
                     }
                 });
             });

@@ -36,7 +36,7 @@ pub trait ModelImage: Send + Sync {
     fn enter_layer(&self, _layer: usize) {}
 
     /// A failure of the loader behind the image (reads after a failure may see zeros).
-    fn load_error(&self) -> Option<String> {
+    fn load_error(&self) -> Option<MemoryError> {
         None
     }
 
@@ -138,8 +138,8 @@ impl ModelImage for RegionImage {
         );
     }
 
-    fn load_error(&self) -> Option<String> {
-        self.loader.error().map(|e| describe(&e))
+    fn load_error(&self) -> Option<MemoryError> {
+        self.loader.error()
     }
 
     fn is_loading(&self) -> bool {
@@ -147,16 +147,8 @@ impl ModelImage for RegionImage {
     }
 }
 
-/// A memory error as one line, with its OS error when it has one.
-fn describe(e: &MemoryError) -> String {
-    match e.io_error() {
-        Some(io) => format!("{e}: {io}"),
-        None => e.to_string(),
-    }
-}
-
 fn load_err(e: &MemoryError) -> EngineError {
-    EngineError::new(EngineErrorKind::Load(describe(e)))
+    EngineError::new(EngineErrorKind::Load(e.clone()))
 }
 
 /// The region layout of a parsed GGUF file: the header (magic, metadata, tensor table, up to

@@ -809,6 +809,34 @@ mod tests {
     use half::f16;
 
     #[test]
+    fn bytes_per_token_follow_the_element_encodings() {
+        // Qwen2.5 0.5B: 24 layers, 2 KV heads of 64.
+        let qwen = KvShape {
+            layers: 24,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        assert_eq!(qwen.bytes_per_token(KvType::F16), Some(2 * 24 * 2 * 64 * 2));
+        assert_eq!(qwen.bytes_per_token(KvType::F32), Some(2 * 24 * 2 * 64 * 4));
+        assert_eq!(qwen.bytes_per_token(KvType::Q8_0), Some(2 * 24 * 2 * 68));
+        // §6.3: Llama 3 8B, 32 layers × 8 KV heads × 128, q8_0 → 68 KiB per token.
+        let llama8b = KvShape {
+            layers: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        assert_eq!(llama8b.bytes_per_token(KvType::Q8_0), Some(68 * 1024));
+        let odd = KvShape {
+            layers: 5,
+            kv_heads: 4,
+            head_dim: 8,
+        };
+        assert_eq!(odd.bytes_per_token(KvType::Q8_0), None);
+        assert_eq!("q8_0".parse::<KvType>(), Ok(KvType::Q8_0));
+        assert!("q4_0".parse::<KvType>().is_err());
+    }
+
+    #[test]
     fn f16_conversions_match_the_half_crate() {
         for h in 0..=u16::MAX {
             let want = f16::from_bits(h).to_f32();

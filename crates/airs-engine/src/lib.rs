@@ -1,10 +1,11 @@
 //! airs-engine: the inference engine — model weights read in place from a model image, the
-//! llama/qwen2 forward pass, KV caches, sampling and generation, on an explicit thread pool.
+//! llama/qwen2 forward pass as one step over a batch of sequences, KV caches (contiguous and
+//! paged), and the sampler, on an explicit thread pool. Generation (the decode loop, stop
+//! strings, scheduling) lives in airs-runtime.
 
 pub mod error;
 pub mod footprint;
 pub mod forward;
-pub mod generate;
 pub mod image;
 pub mod kv;
 mod math;
@@ -15,8 +16,7 @@ pub mod pool;
 pub mod sampler;
 
 pub use error::{EngineError, EngineErrorKind};
-pub use forward::{Logits, Runtime};
-pub use generate::{GenerateConfig, Generation, StopReason, generate};
+pub use forward::{BatchOutput, BatchSeq, Logits, Output, Runtime};
 pub use image::{MappedFile, ModelImage, OwnedImage, StaticImage};
 pub use kv::{ContiguousKv, KvCache, KvShape, KvType};
 pub use model::{LayerWeights, Model, TensorRef};

@@ -7,9 +7,9 @@
 //! KV what a page table is to an address space — and SGLang's RadixAttention (Zheng et al.,
 //! 2024) for prefix reuse through the pool's radix index, per §6.3 of the model-memory chapter.
 //! [`PagedKvPool`] sizes the pool from the model's KV shape and element type; [`PagedKv`] is one
-//! sequence and implements [`KvCache`], so [`crate::Model::forward`] and [`crate::generate()`] run
-//! on it unchanged. [`PagedKv::new_sequence_with_prefix`] starts a sequence with the cached part
-//! of its prompt already in place (`generate` computes only the rest).
+//! sequence and implements [`KvCache`], so [`crate::Model::forward_batch`] runs on it
+//! unchanged. [`PagedKv::new_sequence_with_prefix`] starts a sequence with the cached part of its
+//! prompt already in place (the caller computes only the rest).
 //!
 //! Block layout: a block holds `tokens_per_block` positions of K and V for every layer (see
 //! [`airs_memory::kv_pool`] for why). Inside it the rows of one (layer, K or V, KV head) are
@@ -84,8 +84,8 @@ pub struct PagedKvPool {
     layout: BlockLayout,
 }
 
-fn kv_alloc(e: impl std::fmt::Display) -> EngineError {
-    EngineError::new(EngineErrorKind::KvAlloc(e.to_string()))
+fn kv_pool_err(e: airs_memory::MemoryError) -> EngineError {
+    EngineError::new(EngineErrorKind::KvPool(e))
 }
 
 impl PagedKvPool {
@@ -100,7 +100,7 @@ impl PagedKvPool {
 
     /// [`PagedKvPool::new`], its mapping charged first to the model pool's account `account`
     /// ([`KvPool::new_charged`]): a pool the account has no room for is an
-    /// [`EngineErrorKind::KvAlloc`] error naming what holds the model pool.
+    /// [`EngineErrorKind::KvPool`] error naming what holds the model pool.
     pub fn new_charged(
         shape: KvShape,
         ty: KvType,
@@ -137,7 +137,7 @@ impl PagedKvPool {
                 ),
             ),
         }
-        .map_err(kv_alloc)?;
+        .map_err(kv_pool_err)?;
         Ok(PagedKvPool {
             pool,
             shape,
@@ -207,8 +207,8 @@ impl PagedKv {
     /// (at most `prompt.len() − 1` positions), and that indexes its own full blocks of `prompt`
     /// as they are computed. Returns it and the number of cached positions (its `len()`).
     ///
-    /// The caller must compute exactly `prompt[len()..]` into it (as [`crate::generate()`] does):
-    /// the index trusts the declared prompt.
+    /// The caller must compute exactly `prompt[len()..]` into it: the index trusts the declared
+    /// prompt.
     pub fn new_sequence_with_prefix(
         pool: &PagedKvPool,
         salt: Option<&[u8]>,
@@ -268,7 +268,9 @@ impl KvCache for PagedKv {
                 capacity: self.max_len,
             }));
         }
-        self.table.reserve(new_len).map_err(kv_alloc)
+        self.table
+            .reserve(new_len)
+            .map_err(|e| EngineError::new(EngineErrorKind::KvExhausted(e)))
     }
 
     fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {

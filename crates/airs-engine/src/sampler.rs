@@ -1,9 +1,16 @@
-//! Token sampling: greedy, or temperature with top-k, top-p (nucleus) and min-p filtering and a
-//! repetition penalty, driven by a seeded PCG32 generator so a seed reproduces a generation.
+//! Token sampling: greedy, or temperature with top-k, top-p (nucleus) and min-p filtering, with
+//! repetition, frequency and presence penalties, driven by a seeded PCG32 generator so a seed
+//! reproduces a generation; and the log-probabilities a client may ask for.
 //!
 //! The filter order follows llama.cpp's default sampler chain (penalties → top-k → top-p →
-//! min-p → temperature → draw). Greedy is an argmax with ties going to the lowest id, as in the
-//! reference outputs. Cost: O(vocab) per token, plus O(k log k) for the kept candidates.
+//! min-p → temperature → draw). The penalties are llama.cpp's `penalties` sampler: over the last
+//! `repeat_last_n` tokens of the sequence (prompt and generated), a token seen `c` times has its
+//! logit divided by `repeat_penalty` (multiplied if negative), then lowered by
+//! `c × frequency_penalty + presence_penalty` (OpenAI's definition of the two). Greedy is an
+//! argmax with ties going to the lowest id, as in the reference outputs. Log-probabilities are
+//! those of the model's distribution (log-softmax of the raw logits, before penalties and
+//! temperature), as vLLM and OpenAI report them.
+//! Cost: O(vocab) per token, plus O(k log k) for the kept candidates.
 
 /// Sampling parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,8 +25,12 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Divide positive logits (multiply negative ones) of recently seen tokens by this (1 = off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtract `frequency_penalty × count` from the logit of each recently seen token (0 = off).
+    pub frequency_penalty: f32,
+    /// Subtract `presence_penalty` from the logit of each recently seen token (0 = off).
+    pub presence_penalty: f32,
     pub seed: u64,
 }
 
@@ -32,8 +43,20 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
+    }
+}
+
+impl SamplerConfig {
+    /// Whether any penalty is active.
+    pub fn penalizes(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.frequency_penalty != 0.0
+                || self.presence_penalty != 0.0)
     }
 }
 
@@ -108,7 +131,7 @@ impl Sampler {
     /// Choose the next token from `logits`, given the tokens so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let c = &self.config;
-        let penalize = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
+        let penalize = c.penalizes();
         if c.temperature <= 0.0 && !penalize {
             return argmax(logits);
         }
@@ -116,16 +139,19 @@ impl Sampler {
         let logits = if penalize {
             logits_buf = logits.to_vec();
             let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
-            let mut seen = std::collections::HashSet::with_capacity(recent.len());
+            let mut counts: std::collections::HashMap<u32, u32> =
+                std::collections::HashMap::with_capacity(recent.len());
             for &t in recent {
-                if seen.insert(t)
-                    && let Some(l) = logits_buf.get_mut(t as usize)
-                {
+                *counts.entry(t).or_default() += 1;
+            }
+            for (&t, &count) in &counts {
+                if let Some(l) = logits_buf.get_mut(t as usize) {
                     *l = if *l > 0.0 {
                         *l / c.repeat_penalty
                     } else {
                         *l * c.repeat_penalty
                     };
+                    *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
             &logits_buf[..]
@@ -182,6 +208,37 @@ impl Sampler {
         }
         cands[cands.len() - 1].0
     }
+}
+
+/// The log-probability of `chosen` and the `top` most likely tokens (most likely first, ties to
+/// the lowest id) under the model's distribution: the log-softmax of `logits`.
+pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max + sum.ln() as f32;
+    let lp = |l: f32| l - log_z;
+    let chosen_lp = logits
+        .get(chosen as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let top = top.min(logits.len());
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit_desc = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if top > 0 && top < ids.len() {
+        ids.select_nth_unstable_by(top - 1, by_logit_desc);
+        ids.truncate(top);
+    } else {
+        ids.truncate(top);
+    }
+    ids.sort_unstable_by(by_logit_desc);
+    let best = ids
+        .into_iter()
+        .map(|i| (i, lp(logits[i as usize])))
+        .collect();
+    (chosen_lp, best)
 }
 
 #[cfg(test)]
@@ -267,6 +324,38 @@ mod tests {
         });
         let ones = (0..10_000).filter(|_| s.sample(&logits, &[]) == 1).count();
         assert!((7_000..7_600).contains(&ones), "{ones}");
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_follow_the_counts() {
+        // Token 0 seen twice, token 1 once: 2.0 - 2·0.3 - 0.5 = 0.9 < 1.9 - 0.3 - 0.5 = 1.1.
+        let logits = [2.0, 1.9, 1.0];
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.3,
+            presence_penalty: 0.5,
+            ..SamplerConfig::default()
+        });
+        assert_eq!(s.sample(&logits, &[0, 0, 1]), 1);
+        // Both seen: 0.9 vs 1.1 vs the unseen 1.0.
+        assert_eq!(s.sample(&[2.0, 1.9, 1.05], &[0, 0, 1]), 1);
+        assert_eq!(s.sample(&[2.0, 1.9, 1.2], &[0, 0, 1]), 2);
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_with_the_most_likely_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let (chosen, top) = logprobs(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        assert!((f64::from(chosen) - (2.0 - z.ln())).abs() < 1e-6);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3, 2]);
+        let total: f64 = logits
+            .iter()
+            .map(|&l| f64::from(l) - z.ln())
+            .map(f64::exp)
+            .sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!(logprobs(&logits, 0, 0).1.is_empty());
+        assert_eq!(logprobs(&logits, 0, 10).1.len(), 4);
     }
 
     #[test]

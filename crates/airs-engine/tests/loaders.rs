@@ -370,7 +370,7 @@ fn qwen_forced_fallbacks_keep_logits_and_report_notices() {
 
 /// A prompt of several passes prefilled while a (slow) lazy load is still running runs
 /// layer-major — every pass overlaps the load, not only the first — and gives bitwise the
-/// logits of the same passes run one after another on the resident model (`Model::prefill`),
+/// logits of the same passes run one after another on the resident model (`forward_passes`),
 /// on both real models. Also checks `forward_passes` against pass-by-pass for every token's
 /// logits on a plain map.
 fn layer_major_prefill_matches_pass_by_pass(path: &Path, prompt: &[u32], pass_rows: usize) {
@@ -414,7 +414,9 @@ fn layer_major_prefill_matches_pass_by_pass(path: &Path, prompt: &[u32], pass_ro
     let model = opened.model().unwrap();
     assert!(opened.dyn_image().is_loading(), "the load already finished");
     let mut kv = new_kv(&model);
-    let got = model.prefill(&rt, &mut kv, prompt, pass_rows).unwrap();
+    let got = model
+        .forward_passes(&rt, &mut kv, prompt, pass_rows, Logits::Last)
+        .unwrap();
     assert_bitwise_equal("lazy layer-major prefill", &[got], &[want_last]);
     assert_eq!(airs_engine::KvCache::len(&kv), prompt.len());
 }

@@ -192,7 +192,7 @@ fn pool_exhaustion_is_typed_and_leaves_other_sequences_intact() {
     let mut b = PagedKv::new_sequence(&kv_pool, None);
     let long: Vec<u32> = (0..30).map(|t| 200 + t).collect();
     let e = model.forward(&rt, &mut b, &long, Logits::Last).unwrap_err();
-    assert!(matches!(e.kind(), EngineErrorKind::KvAlloc(_)), "{e}");
+    assert!(matches!(e.kind(), EngineErrorKind::KvExhausted(_)), "{e}");
     let typed = b.try_reserve(30).unwrap_err();
     assert_eq!(
         (

@@ -182,11 +182,6 @@ impl ModelConfig {
     pub fn q_len(&self) -> usize {
         self.heads * self.head_dim
     }
-
-    /// KV cache bytes per token for all layers: 2 × layers × head_dim × kv_heads × element bytes.
-    pub fn kv_bytes_per_token(&self, element_bytes: f64) -> f64 {
-        2.0 * self.layers as f64 * self.kv_len() as f64 * element_bytes
-    }
 }
 
 fn bad(key: &str, reason: String) -> GgufError {

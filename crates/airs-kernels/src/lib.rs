@@ -235,7 +235,14 @@ fn matmul_geometry(
 /// Single-threaded. With several activation rows and a SIMD `isa`, weight rows are repacked a
 /// tile at a time and multiplied with all activation rows at once (see [`prepare_acts`]; this
 /// function prepares them itself, per call); with one activation row, each weight byte is
-/// streamed once. Results equal the per-row [`dot`] up to f32 rounding order.
+/// streamed once.
+///
+/// Batch invariance: every output is bit-identical to one per-row [`dot`] — the scalar
+/// reference where [`matmul_matches_scalar`] says so, else `dot` with the same `isa` (float
+/// weights always take their per-row dot) — so a token's results never depend on how many
+/// rows it is computed with, nor on how the caller splits weight rows across threads.
+/// Continuous batching (several sequences' rows in one call) relies on this; the tests check
+/// it for every type and instruction set.
 pub fn matmul(
     isa: Isa,
     ty: GgmlType,
@@ -261,7 +268,7 @@ pub fn matmul(
                 });
                 return Ok(());
             }
-            Some((kind, act)) if kind != tiled::Kind::Float => {
+            Some((kind, act)) => {
                 // Too few tokens to pay for the repack: the decode kernel, token by token
                 // (bit-identical to the tiled kernel, so results never depend on batching).
                 for t in 0..tokens {
@@ -298,9 +305,7 @@ pub fn matmul(
 /// `sdot`). Otherwise [`matmul`] equals the per-row [`dot`] of `isa` for one activation row and
 /// agrees with it to f32 rounding for several.
 pub fn matmul_matches_scalar(isa: Isa, ty: GgmlType) -> bool {
-    isa == Isa::Scalar
-        || (tiled::available(isa)
-            && matches!(tiled::kind(ty), Some((kind, _)) if kind != tiled::Kind::Float))
+    isa == Isa::Scalar || (tiled::available(isa) && tiled::kind(ty).is_some())
 }
 
 /// Rearrange `acts` (activation rows of `n` values in `act_type(ty)` encoding) into `prep` for

@@ -21,8 +21,9 @@
 //! bit-identical to `dot(Isa::Scalar, ..)` — for every number of tokens, chunking of rows and
 //! thread count. Batched prefill and token-by-token decode therefore give identical logits,
 //! which models with large activation outliers (Qwen2.5) need: there, f32 reordering alone
-//! moves logits by ~0.1. Float weights (F32/F16/BF16) accumulate in f32 (the scalar reference
-//! uses f64), so they agree to rounding only.
+//! moves logits by ~0.1. Float weights (F32/F16/BF16) are not tiled: [`crate::matmul`] runs
+//! their per-row dot for any number of tokens, so a row's result never depends on what it was
+//! batched with there either (a tiled f32 kernel gained ~10 % on f16 prefill and broke that).
 //!
 //! Where the design comes from: the interleaved-row ("_R8/_R16") kernels of ik_llama.cpp's
 //! `iqk_mul_mat` and llamafile's `tinyBLAS` (register tiles of rows × tokens, weights unpacked
@@ -67,9 +68,6 @@ pub(crate) enum Kind {
     /// f16 `d` (and `dmin`) per 256; per superblock `sum += (d·dy)·Σ sc·sumi` (affine:
     /// `− (dmin·dy)·Σ m·Σy`).
     K { block: usize, min: bool },
-    /// F32 / F16 / BF16 weights, used as f32 (f32 accumulation: not bit-exact with the f64
-    /// scalar reference).
-    Float,
 }
 
 /// The tiled layout of `ty` and the activation encoding it multiplies, if supported.
@@ -99,9 +97,8 @@ pub(crate) fn kind(ty: GgmlType) -> Option<(Kind, ActType)> {
             },
             ActType::Q8K,
         ),
-        G::F32 => (Kind::Float, ActType::F32),
-        G::F16 => (Kind::Float, ActType::F16),
-        G::BF16 => (Kind::Float, ActType::BF16),
+        // Float weights (F32/F16/BF16) have no tiled layout: their per-row dot is used for every
+        // number of tokens, so a row's result never depends on the batch it was computed in.
         _ => return None,
     })
 }
@@ -112,18 +109,17 @@ pub(crate) const fn subs(block: usize) -> usize {
 }
 
 /// Bytes of one prepared record of a token group: a 32-value block (legacy), a 256-value
-/// superblock (K) or a column (float).
+/// superblock (K).
 ///
 /// Legacy: `qs[GROUP][32]`, `dy[GROUP]` f32, `noff[GROUP]` i32 (−128·Σy), `ms[GROUP]` f32
 /// (dy·Σy). K: `dy[GROUP]` f32, `sy[GROUP][subs/2]` (Σy of sub-blocks 2i, 2i+1 as an i16
-/// pair), then per sub-block `qs[GROUP][block]`, `noff[GROUP]` i32. Float: `x[GROUP]` f32.
+/// pair), then per sub-block `qs[GROUP][block]`, `noff[GROUP]` i32.
 pub(crate) fn act_record_bytes(kind: Kind) -> usize {
     match kind {
         Kind::Legacy { .. } => GROUP * 32 + 3 * GROUP * 4,
         Kind::K { block, .. } => {
             GROUP * 4 + GROUP * 2 * subs(block) + subs(block) * k_act_sub_bytes(block)
         }
-        Kind::Float => GROUP * 4,
     }
 }
 
@@ -132,12 +128,11 @@ pub(crate) const fn k_act_sub_bytes(block: usize) -> usize {
     GROUP * block + GROUP * 4
 }
 
-/// Records per token group (and per tile): blocks, superblocks or columns of a row.
+/// Records per token group (and per tile): blocks or superblocks of a row.
 pub(crate) fn records(kind: Kind, n: usize) -> usize {
     match kind {
         Kind::Legacy { .. } => n / 32,
         Kind::K { .. } => n / QK_K,
-        Kind::Float => n,
     }
 }
 
@@ -146,7 +141,6 @@ pub(crate) fn records(kind: Kind, n: usize) -> usize {
 /// Legacy: codes `[8][r][4]` (`code ^ bias`), `d[r]` f32, (min) `m[r]` f32.
 /// K: `d[r]` f32, `dmin[r]` f32, (min) `mpairs[subs/2][r]` (i16 pairs of the integer mins of
 /// sub-blocks 2i, 2i+1), then per sub-block codes `[block/4][r][4]`, `sc[r]` i32.
-/// Float: `w[r]` f32.
 pub(crate) fn tile_record_bytes(kind: Kind, r: usize) -> usize {
     match kind {
         Kind::Legacy { min } => r * (32 + 4 + if min { 4 } else { 0 }),
@@ -155,7 +149,6 @@ pub(crate) fn tile_record_bytes(kind: Kind, r: usize) -> usize {
                 + if min { r * 4 * subs(block) / 2 } else { 0 }
                 + subs(block) * k_tile_sub_bytes(block, r)
         }
-        Kind::Float => r * 4,
     }
 }
 
@@ -330,20 +323,7 @@ pub(crate) fn prepare_groups(
                         }
                     }
                 }
-                (Kind::Float, ActType::F32) => {
-                    for (k, v) in row.as_chunks::<4>().0.iter().enumerate() {
-                        put(dst, 32 * k + 4 * t, *v);
-                    }
-                }
-                (Kind::Float, _) => {
-                    let mut x = vec![0f32; n];
-                    crate::dequantize_row(act.ggml_type(), row, &mut x)
-                        .expect("activation row geometry");
-                    for (k, &v) in x.iter().enumerate() {
-                        put(dst, 32 * k + 4 * t, v.to_le_bytes());
-                    }
-                }
-                _ => unreachable!("tiled kinds pair with Q8_0, Q8_K or float activations"),
+                _ => unreachable!("tiled kinds pair with Q8_0 or Q8_K activations"),
             }
         }
     }
@@ -596,15 +576,6 @@ pub(crate) fn repack_scalar(
                 }
             }
         }
-        Kind::Float => {
-            let mut x = vec![0f32; n];
-            for (row_i, row) in w.chunks_exact(row_bytes).enumerate() {
-                crate::dequantize_row(ty, row, &mut x).expect("weight row geometry");
-                for (k, &v) in x.iter().enumerate() {
-                    put(dst, 4 * (k * r + row_i), v.to_le_bytes());
-                }
-            }
-        }
     }
 }
 
@@ -695,14 +666,12 @@ pub(crate) fn rows_per_pass(kind: Kind, n: usize, tile_rows: usize) -> usize {
 }
 
 /// Whether `tokens` activation rows pay for repacking the weights of a `kind` (measured on
-/// Zen 5 against the decode kernels run per token, and for floats against the per-row dot).
+/// Zen 5 against the decode kernels run per token).
 pub(crate) fn worth_tiling(kind: Kind, tokens: usize) -> bool {
     tokens
         >= match kind {
             Kind::Legacy { .. } => 2,
             Kind::K { .. } => 3,
-            // The float repack is the portable one (slow): only worth it for big batches.
-            Kind::Float => 32,
         }
 }
 

@@ -97,15 +97,12 @@ fn magnitude(w: &[f32], a: &[f32]) -> f32 {
 /// The `dot` that `matmul` must equal bit for bit: the scalar reference where
 /// `matmul_matches_scalar` says so (the multi-row kernels replay its float operations after
 /// exact integer block sums), otherwise the per-row dot of the same `isa` (the AVX2 multi-row
-/// kernels replay it) — except float weights on the 32+ tokens that take the tiled kernels
-/// (f32 accumulation in another order: tolerance only).
-fn exact_reference(ty: GgmlType, isa: Isa, tokens: usize) -> Option<Isa> {
+/// kernels replay it; float weights always take their per-row dot).
+fn exact_reference(ty: GgmlType, isa: Isa) -> Isa {
     if matmul_matches_scalar(isa, ty) {
-        Some(Isa::Scalar)
-    } else if ty.block_len() == 1 && tokens >= 32 && has_exact_kernels(isa) {
-        None
+        Isa::Scalar
     } else {
-        Some(isa)
+        isa
     }
 }
 
@@ -148,7 +145,7 @@ fn matmul_matches_scalar_dot_for_every_shape_and_isa() {
                 let (a, af) = acts_of(&mut rng, ty, n, 40);
                 let arb = a.len() / 40;
                 // 1..=17 covers every group remainder and the decode / tiled switch; 33 and 40
-                // reach the float tiles.
+                // are batches of many sequences' rows.
                 for tokens in (1..=17).chain([33, 40]) {
                     let acts = &a[..tokens * arb];
                     let stride = rows + 3;
@@ -172,19 +169,15 @@ fn matmul_matches_scalar_dot_for_every_shape_and_isa() {
                                 .unwrap();
                                 let w_r = &w[r * wrb..(r + 1) * wrb];
                                 let a_t = &acts[t * arb..(t + 1) * arb];
-                                let exact = match exact_reference(ty, isa, tokens) {
-                                    Some(Isa::Scalar) => Some(want),
-                                    Some(i) => Some(dot(i, ty, n, w_r, a_t).unwrap()),
-                                    None => None,
+                                let exact = match exact_reference(ty, isa) {
+                                    Isa::Scalar => want,
+                                    i => dot(i, ty, n, w_r, a_t).unwrap(),
                                 };
-                                if let Some(exact) = exact {
-                                    assert!(
-                                        got.to_bits() == exact.to_bits(),
-                                        "{ty} {isa:?} n {n} rows {rows} tokens {tokens} \
-                                         (r {r}, t {t}): {got} is not bit-identical to \
-                                         {exact}"
-                                    );
-                                }
+                                assert!(
+                                    got.to_bits() == exact.to_bits(),
+                                    "{ty} {isa:?} n {n} rows {rows} tokens {tokens} \
+                                     (r {r}, t {t}): {got} is not bit-identical to {exact}"
+                                );
                                 let mag =
                                     magnitude(&wf[r * n..(r + 1) * n], &af[t * n..(t + 1) * n]);
                                 assert!(
@@ -261,4 +254,44 @@ fn prepared_activations_must_match_the_weights() {
     assert!(matmul_prepared(isa, GgmlType::Q8_0, n, &w, &prep, &mut out, 2).is_ok());
     // Short output: an error.
     assert!(matmul_prepared(isa, GgmlType::Q8_0, n, &w, &prep, &mut out[..7], 2).is_err());
+}
+
+/// What continuous batching relies on: a token's row of a matmul is the same bits whether it is
+/// computed alone or among any number of other rows (other sequences' decode rows, prefill
+/// chunks), for every weight type and instruction set.
+#[test]
+fn a_rows_result_never_depends_on_the_rows_batched_with_it() {
+    let mut rng = Rng(11);
+    for ty in TYPES {
+        let n = lengths(ty)[lengths(ty).len() - 1];
+        let rows = 37;
+        let (w, _) = rows_of(&mut rng, ty, n, rows, true);
+        let (a, _) = acts_of(&mut rng, ty, n, 48);
+        let arb = a.len() / 48;
+        for isa in Isa::all_available() {
+            let alone: Vec<Vec<f32>> = (0..48)
+                .map(|t| {
+                    let mut out = vec![0f32; rows];
+                    matmul(isa, ty, n, &w, &a[t * arb..(t + 1) * arb], &mut out, rows).unwrap();
+                    out
+                })
+                .collect();
+            for (first, tokens) in [(0, 2), (3, 5), (1, 16), (7, 33), (0, 48)] {
+                let mut out = vec![0f32; tokens * rows];
+                let acts = &a[first * arb..(first + tokens) * arb];
+                matmul(isa, ty, n, &w, acts, &mut out, rows).unwrap();
+                for t in 0..tokens {
+                    let got = &out[t * rows..(t + 1) * rows];
+                    let want = &alone[first + t];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(g, w)| g.to_bits() == w.to_bits()),
+                        "{ty} {isa:?}: row {} batched with {tokens} differs from alone",
+                        first + t
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! Device memory budget: how a device's RAM splits into kernel, reserved, DMA, user and model
-//! pools, and what a KV cache costs per token.
+//! pools. (What a KV cache costs per token is the engine's one rule, `airs_engine::KvShape`.)
 //!
 //! Design: §6.1 and §6.3 of the model-memory chapter (pool table per device tier; "2 GB → model
 //! pool 0, all 1.75 GB after kernel/DMA/reserved is user pool"). The kernel-side pools are
@@ -24,10 +24,6 @@
 //! The model pool can be overridden ([`PoolBudget::with_model_pool`], `airs fit --model-pool`):
 //! the user pool absorbs the difference; kernel, reserved and DMA never change, so the override
 //! is at most RAM − (kernel + reserved + DMA).
-//!
-//! KV cost per token ([`kv_bytes_per_token`], [`KvElement`]): 2 (K and V) × layers × kv_heads ×
-//! the bytes of one head's row of `head_dim` values — 4 or 2 bytes per value for f32/f16, ggml
-//! `block_q8_0` (34 bytes per 32 values, `head_dim` a multiple of 32) for q8_0.
 //!
 //! `MemTotal` is below the nominal size (firmware and kernel image are not counted), so
 //! [`PoolBudget::for_this_device`] rounds it up to whole GiB before applying the rule.
@@ -135,64 +131,6 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// KV-cache bytes per token: 2 (K and V) × layers × head_dim × kv_heads × bytes per element.
-pub fn kv_bytes_per_token(layers: u32, head_dim: u32, kv_heads: u32, dtype_bytes: u32) -> u64 {
-    2 * u64::from(layers) * u64::from(head_dim) * u64::from(kv_heads) * u64::from(dtype_bytes)
-}
-
-/// Element encoding of a KV cache, as far as its size is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KvElement {
-    F32,
-    F16,
-    /// ggml `block_q8_0`: an f16 scale and 32 × i8 per 32 values (34 bytes).
-    Q8_0,
-}
-
-impl KvElement {
-    /// Bytes of one head's row of `head_dim` values; `None` when q8_0 cannot hold it
-    /// (`head_dim` not a multiple of 32).
-    pub fn row_bytes(self, head_dim: u32) -> Option<u64> {
-        let n = u64::from(head_dim);
-        match self {
-            KvElement::F32 => Some(4 * n),
-            KvElement::F16 => Some(2 * n),
-            KvElement::Q8_0 => (n % 32 == 0).then_some(n / 32 * 34),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvElement::F32 => "f32",
-            KvElement::F16 => "f16",
-            KvElement::Q8_0 => "q8_0",
-        }
-    }
-}
-
-impl std::str::FromStr for KvElement {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(KvElement::F32),
-            "f16" => Ok(KvElement::F16),
-            "q8_0" => Ok(KvElement::Q8_0),
-            other => Err(format!("unknown KV type {other:?} (f32, f16 or q8_0)")),
-        }
-    }
-}
-
-/// KV-cache bytes per token for `element`: 2 × layers × kv_heads × the row bytes of one head;
-/// `None` when the element cannot encode a `head_dim` row (q8_0 needs a multiple of 32).
-pub fn kv_bytes_per_token_of(
-    layers: u32,
-    head_dim: u32,
-    kv_heads: u32,
-    element: KvElement,
-) -> Option<u64> {
-    Some(2 * u64::from(layers) * u64::from(kv_heads) * element.row_bytes(head_dim)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,11 +175,11 @@ mod tests {
     }
 
     #[test]
-    fn kv_per_token_matches_llama_8b_q8() {
-        // §6.3: 32 layers × 8 KV heads × 128 head_dim, Q8 → 64 KB per token.
-        assert_eq!(kv_bytes_per_token(32, 128, 8, 1), 64 * 1024);
+    fn a_tinyllama_with_its_context_fits_a_4gb_device() {
+        // TinyLlama 1.1B: 22 layers × 4 KV heads × 64, f16: 22 KiB per token.
         let b = PoolBudget::for_total_ram(4 * GIB);
-        assert!(b.fits(700 * MIB, 2048 * kv_bytes_per_token(22, 64, 4, 2)));
+        assert!(b.fits(700 * MIB, 2048 * 2 * 22 * 4 * 64 * 2));
+        assert!(!b.fits(2 * GIB, 1));
     }
 
     #[test]
@@ -285,26 +223,6 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.max_bytes, 3584 * MIB);
         assert!(err.to_string().contains("at most 3584 MiB"), "{err}");
-    }
-
-    #[test]
-    fn kv_elements_match_the_engine_encodings() {
-        // Qwen2.5 0.5B: 24 layers, 2 KV heads of 64.
-        assert_eq!(
-            kv_bytes_per_token_of(24, 64, 2, KvElement::F16),
-            Some(kv_bytes_per_token(24, 64, 2, 2))
-        );
-        assert_eq!(
-            kv_bytes_per_token_of(24, 64, 2, KvElement::F32),
-            Some(24 * 2 * 2 * 64 * 4)
-        );
-        assert_eq!(
-            kv_bytes_per_token_of(24, 64, 2, KvElement::Q8_0),
-            Some(2 * 24 * 2 * 68)
-        );
-        assert_eq!(kv_bytes_per_token_of(5, 8, 4, KvElement::Q8_0), None);
-        assert_eq!("q8_0".parse::<KvElement>(), Ok(KvElement::Q8_0));
-        assert!("q4_0".parse::<KvElement>().is_err());
     }
 
     #[test]

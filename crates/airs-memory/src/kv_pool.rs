@@ -483,6 +483,34 @@ impl KvPool {
         (table, cached)
     }
 
+    /// Positions of `tokens` the prefix index holds under `salt` as whole blocks — what
+    /// [`KvPool::new_table_with_prefix`] would share by reference (at most `tokens.len() − 1`),
+    /// without the partial block it may copy — found without taking or touching anything. A
+    /// scheduler asks this to decide whether a request should wait for blocks another sequence
+    /// is computing right now. O(blocks of the match).
+    pub fn cached_prefix_len(&self, salt: Option<&[u8]>, tokens: &[u32]) -> usize {
+        let tpb = self.tokens_per_block();
+        let max_tokens = tokens.len().saturating_sub(1);
+        let st = self.lock();
+        let Some(mut node) = st.index.find_root(salt) else {
+            return 0;
+        };
+        let mut blocks = 0;
+        while (blocks + 1) * tpb <= max_tokens {
+            match st
+                .index
+                .child(node, &tokens[blocks * tpb..(blocks + 1) * tpb])
+            {
+                Some(c) => {
+                    node = c;
+                    blocks += 1;
+                }
+                None => break,
+            }
+        }
+        blocks * tpb
+    }
+
     /// Return up to `max_blocks` cached blocks, least recently used first, to the free list.
     /// Returns how many were reclaimed.
     pub fn reclaim_cached(&self, max_blocks: usize) -> usize {

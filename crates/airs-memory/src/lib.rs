@@ -61,7 +61,7 @@ pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStat
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
 pub mod registry;
 pub use account::{ChargeInfo, ModelPool, PoolCharge, PoolFull, PoolUsage, PoolUse};
-pub use budget::{KvElement, ModelPoolTooLarge, PoolBudget};
+pub use budget::{ModelPoolTooLarge, PoolBudget};
 pub use registry::{
     Loaded, ModelId, ModelInfo, ModelRegistry, RegionLoader, RegistryError, RegistryErrorKind,
 };

@@ -1,12 +1,15 @@
-//! The runtime's error type: one [`RuntimeError`] carrying a [`RuntimeErrorKind`] to match on,
-//! and the [`PoolExhausted`] report a request gets when the KV pool cannot serve it even after
-//! every evictable session was evicted (it names what holds the memory).
+//! The runtime's error type: one [`RuntimeError`] carrying a [`RuntimeErrorKind`] to match on
+//! (causes kept as types, so a server maps an error to a status without reading its message:
+//! [`RuntimeError::class`]), and the [`PoolExhausted`] report a request gets when the KV pool
+//! cannot serve it even after every evictable cache was evicted (it names what holds the
+//! memory).
 //!
 //! Cost: one allocation per error; nothing on the success path.
 
 use std::fmt;
 
-use airs_memory::eviction::{Priority, Protection, SessionId};
+use airs_engine::EngineErrorKind;
+use airs_memory::eviction::{Priority, Protection};
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -20,12 +23,12 @@ pub enum RuntimeErrorKind {
     /// that does not add up).
     #[error("history store is inconsistent: {0}")]
     Corrupt(String),
-    /// The engine failed (forward pass, model or tokenizer).
-    #[error("engine: {0}")]
+    /// The engine failed (forward pass, model, tokenizer, weights, KV pool).
+    #[error("{0}")]
     Engine(airs_engine::EngineError),
     /// The chat template could not render the conversation.
     #[error("chat template: {0}")]
-    Template(String),
+    Template(airs_tokenizer::chat::ChatTemplateError),
     /// No session has this id or name.
     #[error("no session {0}")]
     UnknownSession(String),
@@ -36,17 +39,27 @@ pub enum RuntimeErrorKind {
         stored: String,
         current: String,
     },
-    /// The conversation no longer fits the model's context.
+    /// The prompt (or conversation) does not fit the model's context.
     #[error(
-        "the conversation needs {needed} positions but the model's context holds {context_len}"
+        "the prompt needs {needed} positions but the model's context holds {context_len} \
+         (at least one position must be left to generate into)"
     )]
     ContextFull { needed: usize, context_len: usize },
-    /// The KV pool cannot serve the request even after evicting every evictable session.
+    /// The KV pool cannot serve the request even after evicting every evictable cache.
     #[error("{0}")]
     PoolExhausted(Box<PoolExhausted>),
-    /// The model pool's account has no room for the KV pool or scratch a manager needs.
+    /// The model pool's account has no room for the KV pool or scratch a scheduler needs.
     #[error("{0}")]
     PoolFull(airs_memory::PoolFull),
+    /// The queue of waiting requests is full.
+    #[error("the request queue is full ({limit} requests waiting)")]
+    QueueFull { limit: usize },
+    /// The request was cancelled (its client went away).
+    #[error("the request was cancelled")]
+    Cancelled,
+    /// The runtime is shutting down and accepts no more work.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
     /// An argument or configuration value was invalid.
     #[error("{0}")]
     Invalid(String),
@@ -60,6 +73,21 @@ pub enum RuntimeErrorKind {
 #[error(transparent)]
 pub struct RuntimeError {
     kind: RuntimeErrorKind,
+}
+
+/// How a front end should answer an error: the class of its cause.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The request is wrong (malformed, too long for the context, unknown session): 400.
+    BadRequest,
+    /// Too many requests are waiting: 429, retry later.
+    Overloaded,
+    /// No memory for it now (KV or model pool), or the runtime is stopping: 503, retry later.
+    Unavailable,
+    /// The request was cancelled by its client.
+    Cancelled,
+    /// Anything else: 500.
+    Internal,
 }
 
 impl RuntimeError {
@@ -80,6 +108,31 @@ impl RuntimeError {
         match &self.kind {
             RuntimeErrorKind::PoolExhausted(p) => Some(p),
             _ => None,
+        }
+    }
+
+    /// What kind of answer this error calls for (see [`ErrorClass`]).
+    pub fn class(&self) -> ErrorClass {
+        use RuntimeErrorKind as K;
+        match &self.kind {
+            K::ContextFull { .. }
+            | K::Invalid(_)
+            | K::Template(_)
+            | K::UnknownSession(_)
+            | K::ModelMismatch { .. } => ErrorClass::BadRequest,
+            K::QueueFull { .. } => ErrorClass::Overloaded,
+            K::PoolExhausted(_) | K::PoolFull(_) | K::ShuttingDown => ErrorClass::Unavailable,
+            K::Cancelled => ErrorClass::Cancelled,
+            K::Engine(e) => match e.kind() {
+                EngineErrorKind::TokenOutOfRange { .. }
+                | EngineErrorKind::ContextFull { .. }
+                | EngineErrorKind::InvalidArgument(_) => ErrorClass::BadRequest,
+                EngineErrorKind::KvExhausted(_)
+                | EngineErrorKind::KvPool(_)
+                | EngineErrorKind::ModelPool(_) => ErrorClass::Unavailable,
+                _ => ErrorClass::Internal,
+            },
+            K::Store(_) | K::Corrupt(_) | K::Workload(_) => ErrorClass::Internal,
         }
     }
 
@@ -106,10 +159,11 @@ impl From<airs_engine::EngineError> for RuntimeError {
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
-/// One session holding KV blocks when a request could not be served.
+/// One holder of KV blocks when a request could not be served: a session's cache between
+/// turns, or a running request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
-    pub session: SessionId,
+    /// The session's name, or the request's id (`req-N`).
     pub name: String,
     pub priority: Priority,
     pub blocks: u32,
@@ -123,15 +177,14 @@ pub struct Holder {
 /// the rest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolExhausted {
-    /// The session whose request failed.
-    pub session: SessionId,
-    pub session_name: String,
+    /// The request that failed: its session's name, or its id.
+    pub requester: String,
     /// The pool's own report for the last attempt.
     pub pool: airs_memory::PoolExhausted,
-    /// Blocks evicting every evictable session would have freed: their blocks that no other
-    /// session shares (when that was not enough, nothing was evicted).
+    /// Blocks evicting every cache and preempting every request it may would have freed (when
+    /// that was not enough, nothing was evicted).
     pub evictable_blocks: u64,
-    /// Every session still holding blocks, the requester included.
+    /// Every holder of blocks, the requester included.
     pub holders: Vec<Holder>,
 }
 
@@ -140,10 +193,10 @@ impl fmt::Display for PoolExhausted {
         let p = &self.pool;
         write!(
             f,
-            "KV pool exhausted: session {:?} needs {} more blocks of {} bytes; {} are free or \
-             reclaimable and evicting every evictable session would free {} more (pool \
+            "KV pool exhausted: {} needs {} more blocks of {} bytes; {} are free or \
+             reclaimable and evicting everything it may evict would free {} more (pool \
              of {} blocks, budget {} bytes); memory is held by ",
-            self.session_name,
+            self.requester,
             p.needed_blocks,
             p.block_bytes,
             p.available_blocks,
@@ -152,7 +205,7 @@ impl fmt::Display for PoolExhausted {
             p.pool_bytes
         )?;
         if self.holders.is_empty() {
-            return f.write_str("no session");
+            return f.write_str("nothing else");
         }
         for (i, h) in self.holders.iter().enumerate() {
             if i > 0 {

@@ -1,88 +1,97 @@
-//! Checks of the eviction invariants of §6.3, written independently of the policy that
-//! enforces them, for tests and for `airs bench sessions` to run while a workload runs:
-//! the pool budget is never exceeded, an active interactive session (or any session in the
-//! middle of a request) is never evicted, and evictions go background → system → idle
-//! interactive, least recently used first within a level.
+//! Checks of the memory invariants of §6.3 and of the scheduler's preemption rule, written
+//! independently of the code that enforces them, for tests and for `airs bench sessions` to
+//! run while a workload runs: the pool budget is never exceeded, an active interactive session
+//! or a running interactive request is never evicted, session caches go background → system →
+//! idle interactive, least recently used first, and a running sequence is preempted only for
+//! a more important one (or, among system or background sequences, the latest arrived gives
+//! way).
 //!
-//! Cost: O(sessions) per eviction event; a pool audit scans every block.
+//! Cost: O(sessions) per event; a pool audit scans every block.
 
 use std::time::Duration;
 
 use airs_memory::eviction::Priority;
 use airs_memory::{KvPool, KvPoolStats};
 
-use crate::manager::{EvictionEvent, SessionSnapshot};
+use crate::scheduler::SchedulerEvent;
 
-/// The eviction level of a snapshot at `at`: 0 background, 1 system, 2 idle interactive, or
-/// `None` when it must not be evicted.
-fn level(s: &SessionSnapshot, at: Duration, idle_threshold: Duration) -> Option<u8> {
-    if s.in_request {
-        return None;
-    }
-    match s.priority {
+/// The eviction level of a session cache at `at`: 0 background, 1 system, 2 idle interactive,
+/// or `None` when it must not be evicted.
+fn level(priority: Priority, last_access: Duration, at: Duration, idle: Duration) -> Option<u8> {
+    match priority {
         Priority::Background => Some(0),
         Priority::System => Some(1),
-        Priority::Interactive => (at.saturating_sub(s.last_access) > idle_threshold).then_some(2),
+        Priority::Interactive => (at.saturating_sub(last_access) > idle).then_some(2),
     }
 }
 
-/// Check one applied eviction step; `Err` describes the violation.
-pub fn check_eviction(e: &EvictionEvent, idle_threshold: Duration) -> Result<(), String> {
-    let victim = e
-        .snapshot
-        .iter()
-        .find(|s| s.id == e.step.session)
-        .ok_or_else(|| format!("evicted {} which held no blocks", e.step.session))?;
-    if victim.in_request {
-        return Err(format!(
-            "evicted {} in the middle of its request",
-            victim.id
-        ));
-    }
-    if victim.priority == Priority::Interactive
-        && e.at.saturating_sub(victim.last_access) <= idle_threshold
-    {
-        return Err(format!(
-            "evicted active interactive session {} (last used {:?} before, threshold {:?})",
-            victim.id,
-            e.at.saturating_sub(victim.last_access),
-            idle_threshold
-        ));
-    }
-    let Some(v_level) = level(victim, e.at, idle_threshold) else {
-        return Err(format!("evicted protected session {}", victim.id));
-    };
-    for other in e
-        .snapshot
-        .iter()
-        .filter(|s| s.id != victim.id && s.blocks_held > 0)
-    {
-        let Some(l) = level(other, e.at, idle_threshold) else {
-            continue;
-        };
-        if l < v_level {
-            return Err(format!(
-                "evicted {} ({}) while {} ({}) still held {} blocks",
-                victim.id, victim.priority, other.id, other.priority, other.blocks_held
-            ));
+/// Check one memory event; `Err` describes the violation.
+pub fn check_event(e: &SchedulerEvent, idle_threshold: Duration) -> Result<(), String> {
+    match e {
+        SchedulerEvent::Preempted {
+            victim,
+            priority,
+            requester,
+            requester_priority,
+            ..
+        } => {
+            if *priority == Priority::Interactive {
+                return Err(format!("preempted interactive sequence {victim:?}"));
+            }
+            if priority < requester_priority {
+                return Err(format!(
+                    "preempted {victim:?} ({priority}) for the less important {requester:?} \
+                     ({requester_priority})"
+                ));
+            }
+            Ok(())
         }
-        if l == v_level && (other.last_access, other.id) < (victim.last_access, victim.id) {
-            return Err(format!(
-                "evicted {} before the less recently used {} of the same level",
-                victim.id, other.id
-            ));
+        SchedulerEvent::CacheEvicted {
+            at,
+            session,
+            priority,
+            blocks_before,
+            blocks_after,
+            caches,
+            ..
+        } => {
+            let victim = caches
+                .iter()
+                .find(|c| c.0 == *session)
+                .ok_or_else(|| format!("evicted {session} which held no blocks"))?;
+            let Some(v_level) = level(*priority, victim.2, *at, idle_threshold) else {
+                return Err(format!(
+                    "evicted active interactive session {session} (last used {:?} before, \
+                     threshold {idle_threshold:?})",
+                    at.saturating_sub(victim.2)
+                ));
+            };
+            for other in caches.iter().filter(|c| c.0 != *session && c.3 > 0) {
+                let Some(l) = level(other.1, other.2, *at, idle_threshold) else {
+                    continue;
+                };
+                if l < v_level {
+                    return Err(format!(
+                        "evicted {session} ({priority}) while {} ({}) still held {} blocks",
+                        other.0, other.1, other.3
+                    ));
+                }
+                if l == v_level && (other.2, other.0) < (victim.2, victim.0) {
+                    return Err(format!(
+                        "evicted {session} before the less recently used {} of the same level",
+                        other.0
+                    ));
+                }
+            }
+            if blocks_after >= blocks_before {
+                return Err(format!(
+                    "step on {session} kept {blocks_after} of {blocks_before} blocks"
+                ));
+            }
+            Ok(())
         }
+        SchedulerEvent::Exhausted(_) => Ok(()),
     }
-    if e.blocks_after >= e.blocks_before || e.blocks_after > e.step.keep_blocks {
-        return Err(format!(
-            "step on {} kept {} of {} blocks (planned {})",
-            victim.id, e.blocks_after, e.blocks_before, e.step.keep_blocks
-        ));
-    }
-    if e.cached_tokens_after > e.cached_tokens_before {
-        return Err(format!("step on {} grew its cache", victim.id));
-    }
-    Ok(())
 }
 
 /// Audit the pool and check that it holds its budget.

@@ -1,47 +1,60 @@
-//! airs-runtime: conversation sessions over the paged KV cache — sessions with priorities and
-//! persisted histories (SQLite), a session manager that serves requests, evicts KV caches by
-//! priority when the pool runs out and rebuilds evicted caches exactly from the history, and a
-//! scripted workload runner (`airs bench sessions`).
+//! airs-runtime: the one API front ends serve models through — loading ([`LoadedModel`]),
+//! requests and their event streams ([`request`]), the scheduler that batches many requests
+//! over one model and one paged KV pool with priorities and preemption ([`Scheduler`]),
+//! persistent sessions with SQLite histories ([`sessions`], [`store`]), the engine thread
+//! front ends submit to ([`service`]), and memory admission (`airs fit`'s estimate: [`fit`]).
 //!
-//! Design: §6.3 of `shared/design/model-memory.md` (KV cache management: PagedAttention block
-//! tables, `CachePriority`, eviction order, DAMON for idleness) as the design README reads it —
-//! eviction returns blocks to the pool and the session is recomputed from its persisted
-//! conversation; the runtime, which performs every KV access, tracks idleness itself and reports
-//! DAMON as telemetry. The pure eviction policy lives in [`airs_memory::eviction`].
+//! Data flows one way: file → region (airs-memory) → engine (airs-engine) → runtime → front
+//! ends (CLI, server). Front ends parse arguments or HTTP and print or serialize events;
+//! everything they both need lives here, so `airs run` and `airs serve` produce the same tokens
+//! for the same request because they call the same functions.
 //!
 //! ```no_run
-//! use airs_runtime::{Engine, HistoryStore, ManagerConfig, RequestOptions, SessionManager,
-//!                    SessionSpec, Priority, Durability};
+//! use std::sync::Arc;
+//! use airs_runtime::{Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler,
+//!                    SchedulerConfig};
 //! # fn main() -> Result<(), airs_runtime::RuntimeError> {
-//! let engine = Engine::open("model.gguf".as_ref(), 4)?;
-//! let store = HistoryStore::open("history.db".as_ref(), Durability::Full)?;
-//! let mut manager = SessionManager::new(engine, store, ManagerConfig::new(64 << 20))?;
-//! let id = manager.open_session(&SessionSpec::new("chat", Priority::Interactive))?;
-//! let reply = manager.request(id, "Hello!", &RequestOptions { max_tokens: 32 })?;
-//! println!("{}", reply.text); // committed before it was returned
+//! let model = Arc::new(LoadedModel::open("model.gguf".as_ref(), 2)?);
+//! let mut scheduler = Scheduler::new(model, SchedulerConfig::new(64 << 20), None)?;
+//! let request = Request::generate(Prompt::Text("Once upon a time".into()),
+//!                                 GenerationParams::default());
+//! let id = scheduler.submit(request, Box::new(|event| {
+//!     if let Event::Token(t) = event { print!("{}", t.text); }
+//!     true
+//! }))?;
+//! scheduler.run_until_done(id);
 //! # Ok(()) }
 //! ```
 //!
-//! Cost: see each module; a session costs its token ids and pass log in memory, its KV blocks
-//! in the pool while cached, and its messages on disk.
+//! Design: §6.3 of `shared/design/model-memory.md` (KV cache management: PagedAttention block
+//! tables, `CachePriority`, eviction order) as the design README reads it, and the serving
+//! layout of `shared/design/layout.md`. Cost: see each module.
 
-pub mod engine;
 pub mod error;
+pub mod fit;
+pub(crate) mod generation;
 pub mod idle;
 pub mod invariants;
-pub mod manager;
-pub mod schedule;
+pub mod metrics;
+pub mod model;
+pub mod request;
+pub mod scheduler;
+pub mod service;
+pub(crate) mod sessions;
 pub mod store;
 pub mod workload;
 
 pub use airs_memory::eviction::{EvictionClass, Priority, Protection, SessionId};
-pub use engine::Engine;
-pub use error::{Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
+pub use error::{ErrorClass, Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 pub use idle::{Clock, ManualClock, SystemClock, damon_available};
-pub use manager::{
-    CacheState, EvictionEvent, ManagerConfig, ModelPoolStats, PriorityEvictions, RebuildInfo,
-    Reply, RequestOptions, RuntimeEvent, RuntimeStats, SessionInfo, SessionManager,
-    SessionSnapshot, SessionSpec,
+pub use metrics::{Histogram, PerPriority, SchedulerStats};
+pub use model::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, ModelBytes, Weights};
+pub use request::{
+    ChoiceEnd, Completion, Embedding, Event, FinishReason, GenerationParams, Prompt, Request,
+    RequestId, SessionTurn, Task, TokenEvent, TokenLogprobs, Usage,
 };
-pub use schedule::{RebuildMode, Schedule};
+pub use scheduler::{
+    Collected, PoolMap, Scheduler, SchedulerConfig, SchedulerEvent, SeqId, SessionSummary, Sink,
+    StepReport, WaitReason,
+};
 pub use store::{Durability, HistoryStore, Role, SamplerSettings};

@@ -1,7 +1,7 @@
 //! The history store: every session and every message of its conversation in one SQLite
 //! database, with what is needed to rebuild the session's KV cache exactly — the token ids each
-//! message added to the sequence, the lengths of the forward passes that computed them, and the
-//! sampler settings (the seed of turn `t` is derived from the session seed and `t`).
+//! message added to the sequence (the kernels are batch-invariant, so recomputing them in any
+//! batching gives the same rows) — and the sampler settings the session was created with.
 //!
 //! Design: §6.3 of the model-memory chapter and the design README make KV eviction "return the
 //! blocks, recompute later from the persisted conversation"; this is that persisted
@@ -23,9 +23,9 @@
 //! - `messages(session_id, seq, role, content, tokens, passes, computed, created_ms)`, primary key
 //!   `(session_id, seq)`: `tokens` is the little-endian `u32` token ids the message appended to
 //!   the session's sequence (a system message appends none: its tokens belong to the first
-//!   turn's prompt), `passes` the little-endian `u32` lengths of the forward passes the reply's
-//!   turn ran (empty on other messages), `computed` the sequence positions whose KV exist after
-//!   the message.
+//!   turn's prompt), `computed` the sequence positions whose KV exist after the message.
+//!   `passes` held forward-pass lengths when rebuilding had to replay them; it is written empty
+//!   and ignored on reading (kept so databases stay at version 1).
 //!
 //! Cost: a turn is one transaction of two inserts; loading a session reads its messages once.
 
@@ -88,6 +88,10 @@ pub struct SamplerSettings {
     pub min_p: f32,
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    #[serde(default)]
+    pub presence_penalty: f32,
     /// The session seed; turn `t` samples with [`SamplerSettings::turn_seed`]`(t)`.
     pub seed: u64,
 }
@@ -102,6 +106,8 @@ impl Default for SamplerSettings {
             min_p: d.min_p,
             repeat_penalty: d.repeat_penalty,
             repeat_last_n: d.repeat_last_n,
+            frequency_penalty: d.frequency_penalty,
+            presence_penalty: d.presence_penalty,
             seed: d.seed,
         }
     }
@@ -111,12 +117,7 @@ impl SamplerSettings {
     /// The seed of turn `turn` (0-based): SplitMix64 of the session seed and the turn, so each
     /// turn's draws depend only on what is persisted, not on the process that made them.
     pub fn turn_seed(&self, turn: u64) -> u64 {
-        let mut z = self
-            .seed
-            .wrapping_add(turn.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        turn_seed(self.seed, turn)
     }
 
     /// The engine's sampler configuration for turn `turn`.
@@ -128,9 +129,21 @@ impl SamplerSettings {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             seed: self.turn_seed(turn),
         }
     }
+}
+
+/// The sampler seed of turn `turn` (0-based) of a session whose requests ask for `seed`:
+/// SplitMix64 of the two, so each turn draws differently and depends only on what is
+/// persisted, not on the process that made it.
+pub fn turn_seed(seed: u64, turn: u64) -> u64 {
+    let mut z = seed.wrapping_add(turn.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A session as stored.
@@ -155,8 +168,6 @@ pub struct StoredMessage {
     pub content: String,
     /// Token ids this message appended to the session's sequence.
     pub tokens: Vec<u32>,
-    /// Forward-pass lengths of the turn (on replies only).
-    pub passes: Vec<u32>,
     /// Sequence positions with KV after this message.
     pub computed: u64,
 }
@@ -167,7 +178,6 @@ pub struct NewMessage {
     pub role: Role,
     pub content: String,
     pub tokens: Vec<u32>,
-    pub passes: Vec<u32>,
     pub computed: u64,
 }
 
@@ -381,7 +391,7 @@ impl HistoryStore {
     /// A session's messages in order.
     pub fn load_messages(&self, id: SessionId) -> Result<Vec<StoredMessage>> {
         let mut stmt = self.conn.prepare(
-            "SELECT seq, role, content, tokens, passes, computed FROM messages
+            "SELECT seq, role, content, tokens, computed FROM messages
              WHERE session_id = ?1 ORDER BY seq",
         )?;
         let rows = stmt.query_map([id.0 as i64], |r| {
@@ -390,19 +400,17 @@ impl HistoryStore {
                 r.get::<_, String>(1)?,
                 r.get::<_, String>(2)?,
                 r.get::<_, Vec<u8>>(3)?,
-                r.get::<_, Vec<u8>>(4)?,
-                r.get::<_, i64>(5)?,
+                r.get::<_, i64>(4)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (seq, role, content, tokens, passes, computed) = row?;
+            let (seq, role, content, tokens, computed) = row?;
             out.push(StoredMessage {
                 seq: seq as u64,
                 role: Role::parse(&role)?,
                 content,
                 tokens: blob_to_u32s(&tokens)?,
-                passes: blob_to_u32s(&passes)?,
                 computed: computed as u64,
             });
         }
@@ -418,7 +426,7 @@ impl HistoryStore {
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO messages(session_id, seq, role, content, tokens, passes, computed,
                                       created_ms)
-                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 VALUES(?1, ?2, ?3, ?4, ?5, x'', ?6, ?7)",
             )?;
             for (i, m) in messages.iter().enumerate() {
                 stmt.execute(params![
@@ -427,7 +435,6 @@ impl HistoryStore {
                     m.role.name(),
                     m.content,
                     u32s_to_blob(&m.tokens),
-                    u32s_to_blob(&m.passes),
                     m.computed as i64,
                     created_ms
                 ])?;

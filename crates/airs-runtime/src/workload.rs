@@ -1,7 +1,8 @@
 //! Scripted session workloads for `airs bench sessions`: a mix of interactive, system and
 //! background sessions taking turns on a simulated clock against a KV pool too small for all
-//! of them, with the §6.3 invariants checked after every request and, optionally, every reply
-//! compared with the same workload served by a pool that never evicts.
+//! of them — the turns of one time step are submitted together and served by the scheduler at
+//! once — with the §6.3 invariants checked after every scheduler step and, optionally, every
+//! reply compared with the same workload served by a pool that never evicts.
 //!
 //! Workload files are JSON:
 //!
@@ -21,7 +22,7 @@
 //! ```
 //!
 //! Time advances in steps of `step_seconds` (default 60) on a manual clock, so idleness is
-//! simulated, not waited for. At step `t` each session, in file order, takes its next turn if
+//! simulated, not waited for. At step `t` each session, in file order, submits its next turn if
 //! `t` is in its `steps` list, or — without a list — if `t ≥ start` (default 0) and
 //! `(t − start)` is a multiple of `every` (default 1). The run ends when every session has used
 //! all its `turns`. Per session, `max_tokens` overrides the workload's (default 16), `system`
@@ -35,26 +36,26 @@
 //! this crate is a shorter mix for larger models (8-token replies).
 //!
 //! Cost: the workload's forward passes (twice with verification), plus a pool audit and an
-//! invariant check per request.
+//! invariant check per scheduler step.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use airs_engine::KvType;
+use airs_engine::{KvType, SamplerConfig};
 use airs_memory::PinPolicy;
 use airs_memory::eviction::Priority;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::Engine;
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 use crate::idle::ManualClock;
-use crate::invariants::{check_eviction, check_model_pool, check_pool};
-use crate::manager::{
-    ManagerConfig, ModelPoolStats, PriorityEvictions, RequestOptions, RuntimeEvent, SessionManager,
-    SessionSpec,
-};
-use crate::schedule::RebuildMode;
-use crate::store::{HistoryStore, SamplerSettings};
+use crate::invariants::{check_event, check_model_pool, check_pool};
+use crate::metrics::PerPriority;
+use crate::model::LoadedModel;
+use crate::request::{Event, GenerationParams, Request, SessionTurn};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerEvent};
+use crate::service::ModelPoolUsage;
+use crate::store::HistoryStore;
 
 fn default_max_tokens() -> usize {
     16
@@ -387,8 +388,7 @@ pub struct BenchConfig {
     pub pool_bytes: usize,
     pub tokens_per_block: u32,
     pub kv_type: KvType,
-    pub prefill_batch: usize,
-    pub rebuild: RebuildMode,
+    pub step_tokens: usize,
     pub pin: PinPolicy,
     /// Also serve the workload from a pool that never evicts and compare every reply.
     pub verify: bool,
@@ -403,8 +403,7 @@ impl BenchConfig {
             pool_bytes,
             tokens_per_block: airs_memory::DEFAULT_TOKENS_PER_BLOCK,
             kv_type: KvType::F16,
-            prefill_batch: 512,
-            rebuild: RebuildMode::Auto,
+            step_tokens: 512,
             pin: PinPolicy::default(),
             verify: false,
             reference_pool_bytes: None,
@@ -424,17 +423,10 @@ pub struct TurnRecord {
     pub text: String,
     /// The error, if the request failed.
     pub error: Option<String>,
-    pub rebuilt: bool,
+    /// Positions of the session's history recomputed before the turn (its cache had been
+    /// evicted), and times the turn itself was preempted.
     pub recomputed_tokens: usize,
-    pub evictions: usize,
-}
-
-/// Eviction counters per priority.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct EvictionSummary {
-    pub background: PriorityEvictions,
-    pub system: PriorityEvictions,
-    pub interactive: PriorityEvictions,
+    pub preemptions: u32,
 }
 
 /// The reply comparison with an unconstrained run.
@@ -444,8 +436,9 @@ pub struct Verification {
     pub identical: usize,
     /// `session turn`: the replies that differ.
     pub mismatches: Vec<String>,
-    /// Eviction steps in the reference run (must be 0 for the comparison to mean anything).
-    pub reference_evictions: usize,
+    /// Evictions and preemptions in the reference run (must be 0 for the comparison to mean
+    /// anything).
+    pub reference_evictions: u64,
 }
 
 /// What `airs bench sessions` reports.
@@ -462,24 +455,22 @@ pub struct BenchReport {
     pub blocks_total: u32,
     pub peak_blocks_used: u32,
     pub peak_used_bytes: usize,
-    pub evictions: EvictionSummary,
-    pub eviction_steps_checked: usize,
-    pub rebuilds: u64,
-    pub recomputed_tokens: u64,
-    pub rebuild_reused_tokens: u64,
+    /// Session caches evicted (eviction steps) and running sequences preempted, by priority.
+    pub evictions: PerPriority,
+    pub preemptions: PerPriority,
+    pub events_checked: usize,
+    pub rebuilt_tokens: u64,
     pub prefill_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub generated_tokens: u64,
+    pub steps: u64,
     /// Invariant violations (empty when all held).
     pub violations: Vec<String>,
     pub verification: Option<Verification>,
     pub elapsed_s: f64,
-    /// The pass schedule (`free` or `replay`) and why.
-    pub schedule: String,
-    pub batch_invariant: bool,
     pub damon_available: bool,
     /// The model pool's account at the end: weights, KV pool and scratch in one budget.
-    pub model_pool: ModelPoolStats,
+    pub model_pool: ModelPoolUsage,
     pub turns: Vec<TurnRecord>,
 }
 
@@ -494,127 +485,154 @@ impl BenchReport {
     }
 }
 
-/// Serve `turns` of `workload` on `manager`, checking invariants after each request.
+/// What the sinks of one time step's turns collect.
+type Outcomes = Arc<Mutex<BTreeMap<usize, TurnRecord>>>;
+
+/// Serve `turns` of `workload` on `scheduler`, the turns of one time step together, checking
+/// invariants after every scheduler step.
 fn serve(
-    manager: &mut SessionManager,
+    scheduler: &mut Scheduler,
     clock: &ManualClock,
     workload: &Workload,
     turns: &[ScheduledTurn],
     violations: &mut Vec<String>,
-    eviction_steps: &mut usize,
-) -> Result<Vec<TurnRecord>> {
-    let threshold = manager.config().idle_threshold;
-    let mut ids = Vec::new();
-    for s in &workload.sessions {
-        let spec = SessionSpec {
-            name: s.name.clone(),
-            priority: s.priority.parse().map_err(RuntimeError::invalid)?,
-            system: s.system.clone(),
-            sampler: SamplerSettings {
-                temperature: s.temperature,
-                seed: s.seed,
-                ..SamplerSettings::default()
-            },
-            salt: s.salt.as_ref().map(|x| x.as_bytes().to_vec()),
-        };
-        ids.push(manager.open_session(&spec)?);
-    }
+    checked: &mut usize,
+) -> Result<(Vec<TurnRecord>, u32)> {
+    let threshold = scheduler.config().idle_threshold;
     let step_time = Duration::from_secs_f64(workload.step_seconds);
-    let mut records = Vec::new();
+    let outcomes: Outcomes = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut peak = 0;
     let mut step = 0;
-    for t in turns {
-        while step < t.step {
+    let mut i = 0;
+    while i < turns.len() {
+        while step < turns[i].step {
             clock.advance(step_time);
             step += 1;
         }
-        let s = &workload.sessions[t.session];
-        let options = RequestOptions {
-            max_tokens: s.max_tokens.unwrap_or(workload.max_tokens),
-        };
-        let result = manager.request(ids[t.session], &s.turns[t.turn], &options);
-        for e in manager.take_events() {
-            if let RuntimeEvent::Evicted(e) = e {
-                *eviction_steps += 1;
-                if let Err(v) = check_eviction(&e, threshold) {
-                    violations.push(format!("step {}: {v}", t.step));
+        while i < turns.len() && turns[i].step == step {
+            let t = &turns[i];
+            let s = &workload.sessions[t.session];
+            let priority: Priority = s.priority.parse().map_err(RuntimeError::invalid)?;
+            let params = GenerationParams {
+                max_tokens: s.max_tokens.unwrap_or(workload.max_tokens),
+                sampler: SamplerConfig {
+                    temperature: s.temperature,
+                    seed: s.seed,
+                    ..SamplerConfig::default()
+                },
+                ..GenerationParams::default()
+            };
+            let mut request =
+                Request::turn(&s.name, &s.turns[t.turn], params).with_priority(priority);
+            request.session = Some(SessionTurn {
+                name: s.name.clone(),
+                system: s.system.clone(),
+            });
+            request.salt = s.salt.as_ref().map(|x| x.as_bytes().to_vec());
+            let record = TurnRecord {
+                step: t.step,
+                session: s.name.clone(),
+                priority: s.priority.clone(),
+                turn: t.turn,
+                tokens: Vec::new(),
+                text: String::new(),
+                error: None,
+                recomputed_tokens: 0,
+                preemptions: 0,
+            };
+            outcomes.lock().unwrap().insert(i, record);
+            let o = Arc::clone(&outcomes);
+            let key = i;
+            scheduler.submit(
+                request,
+                Box::new(move |event| {
+                    let mut o = o.lock().unwrap();
+                    let r = o.get_mut(&key).expect("recorded");
+                    match event {
+                        Event::ChoiceEnd(e) => {
+                            r.tokens = e.tokens;
+                            r.text = e.text;
+                        }
+                        Event::Done(d) => {
+                            r.recomputed_tokens = d.rebuilt_tokens;
+                            r.preemptions = d.preemptions;
+                        }
+                        Event::Failed(e) => r.error = Some(e.to_string()),
+                        _ => {}
+                    }
+                    true
+                }),
+            )?;
+            i += 1;
+        }
+        while scheduler.has_work() {
+            let report = scheduler.step();
+            for e in scheduler.take_events() {
+                if matches!(e, SchedulerEvent::Exhausted(_)) {
+                    continue;
+                }
+                *checked += 1;
+                if let Err(v) = check_event(&e, threshold) {
+                    violations.push(format!("step {step} (scheduler step {}): {v}", report.step));
                 }
             }
-        }
-        if let Err(v) = check_pool(manager.pool().memory()) {
-            violations.push(format!("step {}: {v}", t.step));
-        }
-        if let Err(v) = check_model_pool(manager.engine().pool()) {
-            violations.push(format!("step {}: {v}", t.step));
-        }
-        let mut rec = TurnRecord {
-            step: t.step,
-            session: s.name.clone(),
-            priority: s.priority.clone(),
-            turn: t.turn,
-            tokens: Vec::new(),
-            text: String::new(),
-            error: None,
-            rebuilt: false,
-            recomputed_tokens: 0,
-            evictions: 0,
-        };
-        match result {
-            Ok(r) => {
-                rec.tokens = r.tokens;
-                rec.text = r.text;
-                rec.rebuilt = r.rebuild.is_some();
-                rec.recomputed_tokens = r.rebuild.map_or(0, |b| b.recomputed_tokens);
-                rec.evictions = r.evictions;
+            match check_pool(scheduler.kv_pool().memory()) {
+                Ok(stats) => peak = peak.max(stats.blocks_used),
+                Err(v) => violations.push(format!("step {step}: {v}")),
             }
-            Err(e) if e.pool_exhausted().is_some() => rec.error = Some(e.to_string()),
-            Err(e) => return Err(e),
+            if let Err(v) = check_model_pool(scheduler.model().pool()) {
+                violations.push(format!("step {step}: {v}"));
+            }
         }
-        records.push(rec);
     }
-    Ok(records)
+    let records = std::mem::take(&mut *outcomes.lock().unwrap())
+        .into_values()
+        .collect();
+    Ok((records, peak))
 }
 
-fn manager_for(
-    engine: Engine,
+fn scheduler_for(
+    model: &Arc<LoadedModel>,
     config: &BenchConfig,
     pool_bytes: usize,
     workload: &Workload,
     clock: &ManualClock,
-) -> Result<SessionManager> {
-    let mut mc = ManagerConfig::new(pool_bytes);
-    mc.tokens_per_block = config.tokens_per_block;
-    mc.kv_type = config.kv_type;
-    mc.pin = config.pin;
-    mc.prefill_batch = config.prefill_batch;
-    mc.rebuild = config.rebuild;
-    mc.idle_threshold = Duration::from_secs_f64(workload.idle_threshold_seconds);
-    SessionManager::with_clock(
-        engine,
-        HistoryStore::open_in_memory()?,
-        mc,
+) -> Result<Scheduler> {
+    let mut sc = SchedulerConfig::new(pool_bytes);
+    sc.tokens_per_block = config.tokens_per_block;
+    sc.kv_type = config.kv_type;
+    sc.pin = config.pin;
+    sc.step_tokens = config.step_tokens;
+    sc.max_running = workload.sessions.len().max(1);
+    sc.max_waiting = workload.sessions.len().max(64);
+    sc.idle_threshold = Duration::from_secs_f64(workload.idle_threshold_seconds);
+    Scheduler::with_clock(
+        Arc::clone(model),
+        sc,
+        Some(HistoryStore::open_in_memory()?),
         Box::new(clock.clone()),
     )
 }
 
-/// Run `workload` on a manager over `engine` with `config`'s pool; with `config.verify`, run
-/// the requests that succeeded again on `reference` (a second engine over the same model) with
-/// a pool that never evicts, and compare the replies.
+/// Run `workload` on a scheduler over `model` with `config`'s pool; with `config.verify`, run
+/// the requests that succeeded again on `reference` (the same model with an account of its
+/// own: the oracle is not the system under test) with a pool that never evicts, and compare
+/// the replies.
 pub fn run_bench(
-    engine: Engine,
-    reference: Option<Engine>,
+    model: &Arc<LoadedModel>,
+    reference: Option<&Arc<LoadedModel>>,
     config: &BenchConfig,
     workload: &Workload,
 ) -> Result<BenchReport> {
     workload.validate()?;
-    let model = engine.model_key.clone();
     let clock = ManualClock::new();
-    let mut manager = manager_for(engine, config, config.pool_bytes, workload, &clock)?;
+    let mut scheduler = scheduler_for(model, config, config.pool_bytes, workload, &clock)?;
     let schedule = workload.schedule();
     let started = Instant::now();
     let mut violations = Vec::new();
     let mut checked = 0;
-    let records = serve(
-        &mut manager,
+    let (records, peak) = serve(
+        &mut scheduler,
         &clock,
         workload,
         &schedule,
@@ -622,90 +640,83 @@ pub fn run_bench(
         &mut checked,
     )?;
     let elapsed_s = started.elapsed().as_secs_f64();
-    let stats = manager.stats();
+    let stats = scheduler.stats().clone();
 
-    let verification = match (config.verify, reference) {
-        (false, _) => None,
-        (true, None) => {
-            return Err(RuntimeError::invalid(
-                "verification needs a second engine over the same model",
-            ));
-        }
-        (true, Some(reference)) => {
-            let ok: Vec<ScheduledTurn> = schedule
-                .iter()
-                .zip(&records)
-                .filter(|(_, r)| r.error.is_none())
-                .map(|(t, _)| t.clone())
-                .collect();
-            let bytes = config
-                .reference_pool_bytes
-                .unwrap_or_else(|| config.pool_bytes.saturating_mul(16).max(256 << 20));
-            let clock = ManualClock::new();
-            let mut refm = manager_for(reference, config, bytes, workload, &clock)?;
-            let mut ref_violations = Vec::new();
-            let mut ref_evictions = 0;
-            let ref_records = serve(
-                &mut refm,
-                &clock,
-                workload,
-                &ok,
-                &mut ref_violations,
-                &mut ref_evictions,
-            )?;
-            let by_key: BTreeMap<(String, usize), &TurnRecord> = ref_records
-                .iter()
-                .map(|r| ((r.session.clone(), r.turn), r))
-                .collect();
-            let mut v = Verification {
-                compared: 0,
-                identical: 0,
-                mismatches: Vec::new(),
-                reference_evictions: ref_evictions,
-            };
-            for r in records.iter().filter(|r| r.error.is_none()) {
-                v.compared += 1;
-                match by_key.get(&(r.session.clone(), r.turn)) {
-                    Some(x) if x.tokens == r.tokens && x.error.is_none() => v.identical += 1,
-                    _ => v.mismatches.push(format!("{} turn {}", r.session, r.turn)),
-                }
+    let verification = if config.verify {
+        let reference_model = reference.ok_or_else(|| {
+            RuntimeError::invalid("verification needs a second model over the same file")
+        })?;
+        let ok: Vec<ScheduledTurn> = schedule
+            .iter()
+            .zip(&records)
+            .filter(|(_, r)| r.error.is_none())
+            .map(|(t, _)| t.clone())
+            .collect();
+        let bytes = config
+            .reference_pool_bytes
+            .unwrap_or_else(|| config.pool_bytes.saturating_mul(16).max(256 << 20));
+        let clock = ManualClock::new();
+        let mut reference = scheduler_for(reference_model, config, bytes, workload, &clock)?;
+        let mut ref_violations = Vec::new();
+        let mut ref_checked = 0;
+        let (ref_records, _) = serve(
+            &mut reference,
+            &clock,
+            workload,
+            &ok,
+            &mut ref_violations,
+            &mut ref_checked,
+        )?;
+        let rs = reference.stats();
+        let by_key: BTreeMap<(String, usize), &TurnRecord> = ref_records
+            .iter()
+            .map(|r| ((r.session.clone(), r.turn), r))
+            .collect();
+        let mut v = Verification {
+            compared: 0,
+            identical: 0,
+            mismatches: Vec::new(),
+            reference_evictions: rs.evictions.total() + rs.preemptions.total(),
+        };
+        for r in records.iter().filter(|r| r.error.is_none()) {
+            v.compared += 1;
+            match by_key.get(&(r.session.clone(), r.turn)) {
+                Some(x) if x.tokens == r.tokens && x.error.is_none() => v.identical += 1,
+                _ => v.mismatches.push(format!("{} turn {}", r.session, r.turn)),
             }
-            Some(v)
         }
+        Some(v)
+    } else {
+        None
     };
 
-    let block_bytes = stats.block_bytes;
+    let pool = scheduler.kv_pool();
+    let block_bytes = pool.block_bytes();
     Ok(BenchReport {
         workload: workload.name.clone(),
-        model,
+        model: model.model_key.clone(),
         sessions: workload.sessions.len(),
         requests: records.len(),
         failed_requests: records.iter().filter(|r| r.error.is_some()).count(),
-        pool_bytes: stats.pool_bytes,
+        pool_bytes: config.pool_bytes,
         block_bytes,
         tokens_per_block: config.tokens_per_block,
-        blocks_total: stats.blocks_total,
-        peak_blocks_used: stats.peak_blocks_used,
-        peak_used_bytes: stats.peak_blocks_used as usize * block_bytes,
-        evictions: EvictionSummary {
-            background: stats.evictions_background.clone(),
-            system: stats.evictions_system.clone(),
-            interactive: stats.evictions_interactive.clone(),
-        },
-        eviction_steps_checked: checked,
-        rebuilds: stats.rebuilds,
-        recomputed_tokens: stats.recomputed_tokens,
-        rebuild_reused_tokens: stats.rebuild_reused_tokens,
+        blocks_total: pool.memory().blocks_total(),
+        peak_blocks_used: peak,
+        peak_used_bytes: peak as usize * block_bytes,
+        evictions: stats.evictions.clone(),
+        preemptions: stats.preemptions.clone(),
+        events_checked: checked,
+        rebuilt_tokens: stats.rebuilt_tokens,
         prefill_tokens: stats.prefill_tokens,
         prefix_hit_tokens: stats.prefix_hit_tokens,
         generated_tokens: stats.generated_tokens,
+        steps: stats.steps,
         violations,
         verification,
         elapsed_s,
-        schedule: stats.schedule.to_string(),
-        batch_invariant: stats.batch_invariant,
-        damon_available: stats.damon_available,
-        model_pool: stats.model_pool.clone(),
+        damon_available: crate::idle::damon_available(),
+        model_pool: model.pool().usage().into(),
         turns: records,
     })
 }
@@ -714,11 +725,12 @@ impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "workload {}: {} sessions, {} requests ({} failed), {:.2} s, model {}",
+            "workload {}: {} sessions, {} requests ({} failed), {} steps, {:.2} s, model {}",
             self.workload,
             self.sessions,
             self.requests,
             self.failed_requests,
+            self.steps,
             self.elapsed_s,
             self.model
         )?;
@@ -746,56 +758,34 @@ impl std::fmt::Display for BenchReport {
         }
         writeln!(
             f,
-            "{:<13} {:>6} {:>8} {:>11} {:>12} {:>12} {:>15}",
-            "evictions",
-            "steps",
-            "emptied",
-            "block refs",
-            "blocks freed",
-            "bytes freed",
-            "tokens dropped"
+            "{:<13} {:>16} {:>12}",
+            "", "cache evictions", "preemptions"
         )?;
-        for (name, e) in [
-            ("background", &self.evictions.background),
-            ("system", &self.evictions.system),
-            ("interactive", &self.evictions.interactive),
+        for p in [
+            Priority::Background,
+            Priority::System,
+            Priority::Interactive,
         ] {
             writeln!(
                 f,
-                "  {:<11} {:>6} {:>8} {:>11} {:>12} {:>12} {:>15}",
-                name,
-                e.steps,
-                e.sessions_emptied,
-                e.block_refs,
-                e.blocks_freed,
-                e.bytes_freed,
-                e.tokens_dropped
+                "  {:<11} {:>16} {:>12}",
+                p.name(),
+                self.evictions.get(p),
+                self.preemptions.get(p)
             )?;
         }
         writeln!(
             f,
-            "schedule: {} (kernels {}batch-invariant)",
-            self.schedule,
-            if self.batch_invariant { "" } else { "not " }
-        )?;
-        writeln!(
-            f,
-            "rebuilds: {} (recomputed {} tokens, reused {} cached); prefill {} tokens, prefix \
-             hits {} tokens, generated {} tokens",
-            self.rebuilds,
-            self.recomputed_tokens,
-            self.rebuild_reused_tokens,
-            self.prefill_tokens,
-            self.prefix_hit_tokens,
-            self.generated_tokens
+            "rebuilt {} tokens; prefill {} tokens, prefix hits {} tokens, generated {} tokens",
+            self.rebuilt_tokens, self.prefill_tokens, self.prefix_hit_tokens, self.generated_tokens
         )?;
         if self.violations.is_empty() {
             writeln!(
                 f,
-                "invariants: ok over {} requests and {} eviction steps (budget never exceeded, \
-                 no active interactive session evicted, order background → system → idle \
-                 interactive, LRU within a level)",
-                self.requests, self.eviction_steps_checked
+                "invariants: ok over {} requests and {} memory events (budget never exceeded, \
+                 no active interactive session or running interactive request evicted, order \
+                 background → system → idle interactive, LRU within a level)",
+                self.requests, self.events_checked
             )?;
         } else {
             writeln!(f, "invariants: {} VIOLATIONS", self.violations.len())?;

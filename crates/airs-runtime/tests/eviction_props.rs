@@ -1,5 +1,5 @@
-//! The session manager under random workloads on stories260K with a small pool, every request
-//! checked against §6.3: the pool budget is never exceeded, an active interactive session (or
+//! The scheduler under random session workloads on stories260K with a small pool (the turns of
+//! a time step served together), every step checked against §6.3: the pool budget is never exceeded, an active interactive session (or
 //! the session being served) is never evicted, evictions go background → system → idle
 //! interactive, least recently used first — and every reply, including those of sessions whose
 //! caches were evicted and rebuilt, equals the reply of the same workload served by a pool that
@@ -95,13 +95,13 @@ proptest! {
         blocks in 10usize..36,
     ) {
         let w = workload(sessions, max_tokens, step_seconds, idle);
-        let e = engine();
-        let mut c = BenchConfig::new(blocks * block_bytes(&e));
+        let m = model();
+        let mut c = BenchConfig::new(blocks * block_bytes(&m));
         c.tokens_per_block = TPB;
         c.pin = PinPolicy::None;
         c.verify = true;
         c.reference_pool_bytes = Some(4 << 20);
-        let report = run_bench(e, Some(engine()), &c, &w).unwrap();
+        let report = run_bench(&m, Some(&model()), &c, &w).unwrap();
         prop_assert!(report.violations.is_empty(), "{:?}", report.violations);
         let v = report.verification.as_ref().unwrap();
         prop_assert_eq!(v.reference_evictions, 0);

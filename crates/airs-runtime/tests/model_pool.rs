@@ -1,5 +1,5 @@
-//! One model pool: a model's weights (through the registry), its session manager's KV pool and
-//! its forward-pass scratch are charged to one account, enforced at run time — a manager whose
+//! One model pool: a model's weights (through the registry), its scheduler's KV pool and its
+//! forward-step scratch are charged to one account, enforced at run time — a scheduler whose
 //! KV pool does not fit beside the weights fails at start, naming what holds the pool, and a
 //! model load does not take memory KV caches hold. Every charge is returned when its owner
 //! goes away. Runs on the real stories260K file.
@@ -10,8 +10,8 @@ use airs_memory::{
     LoadOptions, LoaderKind, ModelRegistry, PinPolicy, PoolUse, RegionLayout, RegistryErrorKind,
 };
 use airs_runtime::{
-    Engine, HistoryStore, ManagerConfig, Priority, RequestOptions, RuntimeErrorKind,
-    SessionManager, SessionSpec,
+    GenerationParams, HistoryStore, LoadedModel, Request, RuntimeErrorKind, Scheduler,
+    SchedulerConfig,
 };
 
 const MIB: u64 = 1 << 20;
@@ -24,18 +24,20 @@ fn weights_charge() -> u64 {
     len.div_ceil(page) * page
 }
 
-fn load(registry: &Arc<ModelRegistry>) -> Engine {
-    Engine::load(
-        registry,
-        &airs_testdata::stories_path(),
-        &LoadOptions::with_loader(LoaderKind::Eager),
-        1,
+fn load(registry: &Arc<ModelRegistry>) -> Arc<LoadedModel> {
+    Arc::new(
+        LoadedModel::load(
+            registry,
+            &airs_testdata::stories_path(),
+            &LoadOptions::with_loader(LoaderKind::Eager),
+            1,
+        )
+        .unwrap(),
     )
-    .unwrap()
 }
 
-fn config(kv_bytes: u64) -> ManagerConfig {
-    let mut c = ManagerConfig::new(kv_bytes as usize);
+fn config(kv_bytes: u64) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(kv_bytes as usize);
     c.pin = PinPolicy::None;
     c
 }
@@ -47,9 +49,13 @@ fn weights_kv_pool_and_scratch_share_one_account_and_are_returned() {
     let weights = weights_charge();
     assert_eq!(registry.pool().usage().weights_bytes, weights);
 
-    let mut manager =
-        SessionManager::new(engine, HistoryStore::open_in_memory().unwrap(), config(MIB)).unwrap();
-    let kv = manager.pool().stats();
+    let mut scheduler = Scheduler::new(
+        engine,
+        config(MIB),
+        Some(HistoryStore::open_in_memory().unwrap()),
+    )
+    .unwrap();
+    let kv = scheduler.kv_pool().stats();
     let u = registry.pool().usage();
     assert_eq!(u.weights_bytes, weights);
     assert_eq!(
@@ -58,26 +64,26 @@ fn weights_kv_pool_and_scratch_share_one_account_and_are_returned() {
     );
     assert!(u.kv_cache_bytes <= MIB && u.kv_cache_bytes > MIB / 2);
     assert!(u.scratch_bytes > 0);
-    let s = manager.stats().model_pool;
-    assert_eq!(s.capacity_bytes, 16 * MIB);
+    assert_eq!(u.capacity_bytes, 16 * MIB);
     assert_eq!(
-        s.free_bytes,
+        u.free_bytes(),
         16 * MIB - weights - u.kv_cache_bytes - u.scratch_bytes
     );
 
     // Serving allocates KV blocks inside the charged pool: the account does not move.
-    let id = manager
-        .open_session(&SessionSpec::new("a", Priority::Interactive))
+    let params = GenerationParams {
+        max_tokens: 8,
+        ..GenerationParams::default()
+    };
+    let reply = scheduler
+        .serve(Request::turn("a", "Once upon a time", params))
         .unwrap();
-    let reply = manager
-        .request(id, "Once upon a time", &RequestOptions { max_tokens: 8 })
-        .unwrap();
-    assert!(!reply.tokens.is_empty());
+    assert!(!reply.first().tokens.is_empty());
     assert_eq!(registry.pool().usage(), u);
 
-    // The manager (and the engine it owns) gone: KV and scratch come back; the registry still
-    // holds the model, now evictable, and unloading it empties the account.
-    drop(manager);
+    // The scheduler (and the model it holds) gone: KV and scratch come back; the registry
+    // still holds the model, now evictable, and unloading it empties the account.
+    drop(scheduler);
     let u = registry.pool().usage();
     assert_eq!((u.kv_cache_bytes, u.scratch_bytes), (0, 0));
     assert_eq!(u.weights_bytes, weights);
@@ -94,27 +100,22 @@ fn a_kv_pool_beside_the_weights_that_overflows_the_pool_fails_naming_the_holders
     // cache, not 4 MiB of it.
     let registry = Arc::new(ModelRegistry::new(weights + 4 * MIB));
     let engine = load(&registry);
-    let err = SessionManager::new(
-        engine,
-        HistoryStore::open_in_memory().unwrap(),
-        config(4 * MIB),
-    )
-    .unwrap_err();
+    let err = Scheduler::new(engine, config(4 * MIB), None).unwrap_err();
     let message = err.to_string();
     assert!(
         matches!(err.kind(), RuntimeErrorKind::Engine(_)),
         "{message}"
     );
-    assert!(message.contains("KV cache"), "{message}");
+    assert!(message.contains("KV pool"), "{message}");
     assert!(message.contains("stories260K.gguf"), "{message}");
     assert!(message.contains("weights"), "{message}");
-    // Nothing of the failed manager stays charged (the engine went with it).
+    // Nothing of the failed scheduler stays charged (the model went with it).
     let u = registry.pool().usage();
     assert_eq!((u.kv_cache_bytes, u.scratch_bytes), (0, 0));
 
     // The same KV pool in a pool with room: starts.
     let engine = load(&registry);
-    SessionManager::new(engine, HistoryStore::open_in_memory().unwrap(), config(MIB)).unwrap();
+    Scheduler::new(engine, config(MIB), None).unwrap();
 }
 
 #[test]
@@ -161,7 +162,7 @@ fn real_models_share_the_pool_lru_unheld_evicted_floors_kept() {
     let pool = charge(&qwen) + charge(&stories) + charge(&stories) / 2;
     let registry = Arc::new(ModelRegistry::new(pool));
     let eager = LoadOptions::with_loader(LoaderKind::Eager);
-    let load = |p: &std::path::Path| Engine::load(&registry, p, &eager, 1).unwrap();
+    let load = |p: &std::path::Path| LoadedModel::load(&registry, p, &eager, 1).unwrap();
     let paths = |r: &ModelRegistry| -> Vec<String> {
         r.models()
             .iter()
@@ -191,7 +192,7 @@ fn real_models_share_the_pool_lru_unheld_evicted_floors_kept() {
 
     // A pool smaller than Qwen's weights: refused before anything is read.
     let small = Arc::new(ModelRegistry::new(100 << 20));
-    let err = Engine::load(&small, &qwen, &eager, 1).unwrap_err();
+    let err = LoadedModel::load(&small, &qwen, &eager, 1).unwrap_err();
     let message = err.to_string();
     assert!(
         message.contains("but the model pool holds 100 MiB"),

@@ -1,4 +1,4 @@
-//! Histories survive the process: a conversation continued by a new manager over the same
+//! Histories survive the process: a conversation continued by a new scheduler over the same
 //! database — after a clean exit, or after the process was killed with SIGKILL in the middle of
 //! the conversation — loses no acknowledged message and continues exactly as an uninterrupted
 //! one does (greedy and seeded sampling alike).
@@ -13,10 +13,13 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use std::sync::Arc;
+
+use airs_engine::SamplerConfig;
 use airs_memory::PinPolicy;
 use airs_runtime::{
-    Durability, Engine, HistoryStore, ManagerConfig, Priority, RequestOptions, Role,
-    SamplerSettings, SessionManager, SessionSpec,
+    Durability, GenerationParams, HistoryStore, LoadedModel, Request, Role, Scheduler,
+    SchedulerConfig, SessionTurn,
 };
 
 const TURNS: [&str; 6] = [
@@ -29,25 +32,30 @@ const TURNS: [&str; 6] = [
 ];
 const MAX_TOKENS: usize = 24;
 
-fn spec(name: &str) -> SessionSpec {
-    SessionSpec {
-        name: name.into(),
-        priority: Priority::Interactive,
-        system: Some("You tell stories.".into()),
-        sampler: SamplerSettings {
+/// One turn of session "story", seeded sampling, served to completion; the reply's ids.
+fn say(s: &mut Scheduler, text: &str) -> Vec<u32> {
+    let params = GenerationParams {
+        max_tokens: MAX_TOKENS,
+        sampler: SamplerConfig {
             temperature: 0.8,
             seed: 11,
-            ..SamplerSettings::default()
+            ..SamplerConfig::default()
         },
-        salt: None,
-    }
+        ..GenerationParams::default()
+    };
+    let mut request = Request::turn("story", text, params);
+    request.session = Some(SessionTurn {
+        name: "story".into(),
+        system: Some("You tell stories.".into()),
+    });
+    s.serve(request).unwrap().first().tokens.clone()
 }
 
-fn manager_over(store: HistoryStore) -> SessionManager {
-    let e = Engine::open(&airs_testdata::stories_path(), 1).unwrap();
-    let mut c = ManagerConfig::new(1 << 20);
+fn scheduler_over(store: HistoryStore) -> Scheduler {
+    let m = Arc::new(LoadedModel::open(&airs_testdata::stories_path(), 1).unwrap());
+    let mut c = SchedulerConfig::new(1 << 20);
     c.pin = PinPolicy::None;
-    SessionManager::new(e, store, c).unwrap()
+    Scheduler::new(m, c, Some(store)).unwrap()
 }
 
 fn temp_db(tag: &str) -> PathBuf {
@@ -57,48 +65,20 @@ fn temp_db(tag: &str) -> PathBuf {
     dir.join("history.db")
 }
 
-/// The replies of the whole script served by one manager in memory.
+/// The replies of the whole script served by one scheduler in memory.
 fn reference() -> Vec<Vec<u32>> {
-    let mut m = manager_over(HistoryStore::open_in_memory().unwrap());
-    let id = m.open_session(&spec("story")).unwrap();
-    TURNS
-        .iter()
-        .map(|t| {
-            m.request(
-                id,
-                t,
-                &RequestOptions {
-                    max_tokens: MAX_TOKENS,
-                },
-            )
-            .unwrap()
-            .tokens
-        })
-        .collect()
+    let mut s = scheduler_over(HistoryStore::open_in_memory().unwrap());
+    TURNS.iter().map(|t| say(&mut s, t)).collect()
 }
 
 /// Serve the turns of the script not yet in the database, calling `ack` after each commit.
 fn continue_script(db: &Path, mut ack: impl FnMut(usize, &[u32])) -> Vec<Vec<u32>> {
+    let done = replies_in(db).len();
     let store = HistoryStore::open(db, Durability::Full).unwrap();
-    let mut m = manager_over(store);
-    let id = m.open_session(&spec("story")).unwrap();
-    let done = m
-        .history(id)
-        .unwrap()
-        .iter()
-        .filter(|(r, _)| *r == Role::User)
-        .count();
+    let mut s = scheduler_over(store);
     for (i, t) in TURNS.iter().enumerate().skip(done) {
-        let r = m
-            .request(
-                id,
-                t,
-                &RequestOptions {
-                    max_tokens: MAX_TOKENS,
-                },
-            )
-            .unwrap();
-        ack(i, &r.tokens);
+        let tokens = say(&mut s, t);
+        ack(i, &tokens);
     }
     replies_in(db)
 }
@@ -106,7 +86,9 @@ fn continue_script(db: &Path, mut ack: impl FnMut(usize, &[u32])) -> Vec<Vec<u32
 /// The reply token ids committed in the database.
 fn replies_in(db: &Path) -> Vec<Vec<u32>> {
     let store = HistoryStore::open(db, Durability::Full).unwrap();
-    let s = store.find_session("story").unwrap().expect("session");
+    let Some(s) = store.find_session("story").unwrap() else {
+        return Vec::new();
+    };
     let msgs = store.load_messages(s.id).unwrap();
     let users: Vec<&str> = msgs
         .iter()
@@ -128,20 +110,12 @@ fn replies_in(db: &Path) -> Vec<Vec<u32>> {
 fn a_new_process_continues_the_conversation_identically() {
     let want = reference();
     let db = temp_db("reopen");
-    // Three turns, then a "restart" (a new manager, engine and connection), then the rest.
+    // Three turns, then a "restart" (a new scheduler, model and connection), then the rest.
     {
         let store = HistoryStore::open(&db, Durability::Full).unwrap();
-        let mut m = manager_over(store);
-        let id = m.open_session(&spec("story")).unwrap();
+        let mut s = scheduler_over(store);
         for t in &TURNS[..3] {
-            m.request(
-                id,
-                t,
-                &RequestOptions {
-                    max_tokens: MAX_TOKENS,
-                },
-            )
-            .unwrap();
+            say(&mut s, t);
         }
     }
     assert_eq!(replies_in(&db), want[..3]);

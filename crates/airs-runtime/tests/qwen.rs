@@ -1,9 +1,11 @@
 //! The real Qwen2.5-Coder-0.5B (Q4_K_M, ChatML template): a short workload overflowing a pool of
-//! a few blocks evicts and rebuilds sessions, and every reply equals the reply of a run that
-//! never evicts, whichever schedule the kernels call for.
+//! a few blocks evicts and rebuilds sessions (the turns of a time step served together), and
+//! every reply equals the reply of a run that never evicts.
+use std::sync::Arc;
+
 use airs_memory::PinPolicy;
+use airs_runtime::LoadedModel;
 use airs_runtime::workload::{BenchConfig, Workload, run_bench};
-use airs_runtime::{Engine, RebuildMode};
 
 #[test]
 fn qwen_sessions_rebuild_to_identical_replies() {
@@ -20,28 +22,19 @@ fn qwen_sessions_rebuild_to_identical_replies() {
         ]}"#,
     )
     .unwrap();
-    // The schedule the kernels call for, and block-aligned replay (what f32 models and CPUs
-    // without batch-invariant kernels use) on the same model.
-    for mode in [RebuildMode::Auto, RebuildMode::Replay] {
-        let mut c = BenchConfig::new(7 * 196_608);
-        c.pin = PinPolicy::None;
-        c.verify = true;
-        c.rebuild = mode;
-        c.reference_pool_bytes = Some(64 << 20);
-        let report = run_bench(
-            Engine::open(&path, 2).unwrap(),
-            Some(Engine::open(&path, 2).unwrap()),
-            &c,
-            &w,
-        )
-        .unwrap();
-        println!("{report}");
-        assert!(report.ok(), "{report}");
-        assert_eq!(report.failed_requests, 0, "{report}");
-        assert!(report.rebuilds > 0, "{report}");
-        assert_eq!(
-            report.verification.as_ref().unwrap().identical,
-            report.requests
-        );
-    }
+    let mut c = BenchConfig::new(7 * 196_608);
+    c.pin = PinPolicy::None;
+    c.verify = true;
+    c.reference_pool_bytes = Some(64 << 20);
+    let model = Arc::new(LoadedModel::open(&path, 2).unwrap());
+    let reference = Arc::new(LoadedModel::open(&path, 2).unwrap());
+    let report = run_bench(&model, Some(&reference), &c, &w).unwrap();
+    println!("{report}");
+    assert!(report.ok(), "{report}");
+    assert_eq!(report.failed_requests, 0, "{report}");
+    assert!(report.rebuilt_tokens > 0, "{report}");
+    assert_eq!(
+        report.verification.as_ref().unwrap().identical,
+        report.requests
+    );
 }

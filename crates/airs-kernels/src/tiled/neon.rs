@@ -225,7 +225,6 @@ fn tile_product(
             min: false,
         } => by_count!(k_kernel, 4, false),
         Kind::K { .. } => unreachable!("k-quant sub-blocks are 16 or 32 values"),
-        Kind::Float => by_count!(float_kernel),
     }
     for (t, f) in f.iter().take(count).enumerate() {
         let o = &mut out[t * stride..t * stride + nrows];
@@ -382,32 +381,6 @@ unsafe fn k_kernel<const T: usize, const G4: usize, const MIN: bool>(
                     }
                     f[h] = vaddq_f32(f[h], term);
                 }
-            }
-        }
-    }
-}
-
-/// Float tiles: `n` columns of 8 f32 weights × tokens `t0..t0 + T`.
-///
-/// # Safety
-/// As [`legacy_kernel`], with `n` records of 32 bytes each.
-#[inline]
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn float_kernel<const T: usize>(
-    tile: *const u8,
-    acts: *const u8,
-    n: usize,
-    t0: usize,
-    f: &mut [[float32x4_t; 2]; PASS],
-) {
-    for k in 0..n {
-        // SAFETY: column k < n of both buffers (caller's contract).
-        unsafe {
-            let w = [ld_f32(tile.add(32 * k)), ld_f32(tile.add(32 * k + 16))];
-            for (t, f) in f.iter_mut().take(T).enumerate() {
-                let x = rd_f32(acts.add(32 * k + 4 * (t0 + t)));
-                f[0] = vfmaq_n_f32(f[0], w[0], x);
-                f[1] = vfmaq_n_f32(f[1], w[1], x);
             }
         }
     }

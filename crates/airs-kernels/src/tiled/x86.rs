@@ -150,7 +150,6 @@ fn tile_product(
             min: false,
         } => by_count!(k_kernel, 4, false),
         Kind::K { .. } => unreachable!("k-quant sub-blocks are 16 or 32 values"),
-        Kind::Float => by_count!(float_kernel),
     }
 }
 
@@ -305,52 +304,6 @@ unsafe fn k_kernel<const T: usize, const G4: usize, const MIN: bool>(
     for (t, &f) in f.iter().enumerate() {
         // SAFETY: lanes set in `mask` of token row t are writable (caller's contract).
         unsafe { _mm512_mask_storeu_ps(out.add(t * stride), mask, f) };
-    }
-}
-
-/// Float tile: `T` tokens × 16 rows over `n` columns.
-///
-/// # Safety
-/// As [`legacy_kernel`], with `n` records of 64 (tile) and 32 (activation) bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn float_kernel<const T: usize>(
-    tile: *const u8,
-    acts: *const u8,
-    n: usize,
-    out: *mut f32,
-    stride: usize,
-    mask: __mmask16,
-) {
-    let mut f = [_mm512_setzero_ps(); T];
-    let mut g = [_mm512_setzero_ps(); T];
-    let pairs = n / 2;
-    for k in 0..pairs {
-        // SAFETY: columns 2k, 2k+1 < n are inside both buffers (caller's contract).
-        unsafe {
-            let w0 = _mm512_loadu_ps(tile.add(128 * k).cast());
-            let w1 = _mm512_loadu_ps(tile.add(128 * k + 64).cast());
-            let a = acts.add(64 * k).cast::<f32>();
-            for (t, (f, g)) in f.iter_mut().zip(g.iter_mut()).enumerate() {
-                *f = _mm512_fmadd_ps(w0, _mm512_set1_ps(a.add(t).read_unaligned()), *f);
-                *g = _mm512_fmadd_ps(w1, _mm512_set1_ps(a.add(8 + t).read_unaligned()), *g);
-            }
-        }
-    }
-    if n % 2 == 1 {
-        let k = n - 1;
-        // SAFETY: column k < n is inside both buffers.
-        unsafe {
-            let w0 = _mm512_loadu_ps(tile.add(64 * k).cast());
-            let a = acts.add(32 * k).cast::<f32>();
-            for (t, f) in f.iter_mut().enumerate() {
-                *f = _mm512_fmadd_ps(w0, _mm512_set1_ps(a.add(t).read_unaligned()), *f);
-            }
-        }
-    }
-    for (t, (&f, &g)) in f.iter().zip(&g).enumerate() {
-        // SAFETY: lanes set in `mask` of token row t are writable (caller's contract).
-        unsafe { _mm512_mask_storeu_ps(out.add(t * stride), mask, _mm512_add_ps(f, g)) };
     }
 }
 

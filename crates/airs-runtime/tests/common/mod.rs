@@ -1,49 +1,73 @@
-//! Helpers shared by the runtime tests: stories260K engines and small managers.
+//! Helpers shared by the runtime tests: stories260K models and small schedulers.
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use airs_memory::PinPolicy;
 use airs_runtime::{
-    Engine, HistoryStore, ManagerConfig, ManualClock, RequestOptions, SessionManager,
+    Collected, GenerationParams, HistoryStore, LoadedModel, ManualClock, Priority, Request, Result,
+    Scheduler, SchedulerConfig,
 };
 
 /// Positions per block in the tests: small, so short conversations span several blocks.
 pub const TPB: u32 = 8;
 
-pub fn engine() -> Engine {
-    Engine::open(&airs_testdata::stories_path(), 1).expect("stories260K")
+pub fn model() -> Arc<LoadedModel> {
+    Arc::new(LoadedModel::open(&airs_testdata::stories_path(), 1).expect("stories260K"))
 }
 
 /// Bytes of one block of stories260K's f16 KV cache with `TPB` positions.
-pub fn block_bytes(engine: &Engine) -> usize {
-    let c = &engine.model.config;
+pub fn block_bytes(model: &LoadedModel) -> usize {
+    let c = &model.model.config;
     2 * c.layers * c.kv_heads * c.head_dim * 2 * TPB as usize
 }
 
-pub fn config(blocks: usize, engine: &Engine) -> ManagerConfig {
-    let mut c = ManagerConfig::new(blocks * block_bytes(engine));
+pub fn config(blocks: usize, model: &LoadedModel) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(blocks * block_bytes(model));
     c.tokens_per_block = TPB;
     c.pin = PinPolicy::None;
     c
 }
 
-/// A manager over an in-memory store with a pool of `blocks` blocks and a manual clock.
-pub fn manager(blocks: usize, idle_threshold: Duration) -> (SessionManager, ManualClock) {
-    let e = engine();
-    let mut c = config(blocks, &e);
+/// A scheduler over an in-memory store with a pool of `blocks` blocks and a manual clock.
+pub fn scheduler(blocks: usize, idle_threshold: Duration) -> (Scheduler, ManualClock) {
+    let m = model();
+    let mut c = config(blocks, &m);
     c.idle_threshold = idle_threshold;
     let clock = ManualClock::new();
-    let m = SessionManager::with_clock(
-        e,
-        HistoryStore::open_in_memory().unwrap(),
+    let s = Scheduler::with_clock(
+        m,
         c,
+        Some(HistoryStore::open_in_memory().unwrap()),
         Box::new(clock.clone()),
     )
     .unwrap();
-    (m, clock)
+    (s, clock)
 }
 
-pub fn opts(max_tokens: usize) -> RequestOptions {
-    RequestOptions { max_tokens }
+pub fn greedy(max_tokens: usize) -> GenerationParams {
+    GenerationParams {
+        max_tokens,
+        ..GenerationParams::default()
+    }
+}
+
+/// One turn of session `name` at `priority`, served to completion.
+pub fn turn(
+    s: &mut Scheduler,
+    name: &str,
+    priority: Priority,
+    text: &str,
+    max_tokens: usize,
+) -> Result<Collected> {
+    s.serve(Request::turn(name, text, greedy(max_tokens)).with_priority(priority))
+}
+
+/// The blocks session `name`'s cache holds.
+pub fn blocks_of(s: &Scheduler, name: &str) -> u32 {
+    s.sessions()
+        .iter()
+        .find(|x| x.name == name)
+        .map_or(0, |x| x.blocks)
 }

@@ -1,0 +1,277 @@
+//! The engine thread: a [`Scheduler`] running on a thread of its own, fed through a channel, so
+//! that a front end that serves many clients (the HTTP server) never runs the engine itself and
+//! never waits for it. Submitting and cancelling send a command and return at once; events come
+//! back through each request's [`Sink`]; a [`Status`] snapshot (counters, pool map, sessions)
+//! is published after steps for readers that must not wait for the engine (`/metrics`,
+//! `/v1/pool`).
+//!
+//! Shutdown ([`Service::shutdown`]): no new request is admitted; requests in flight get a grace
+//! period to finish, then the rest are cancelled (their clients get
+//! [`RuntimeErrorKind::ShuttingDown`]); every completed session turn was committed when it
+//! completed, so the histories are intact.
+//!
+//! Cost: one channel send per command; the engine thread sleeps on the channel when idle (no
+//! spinning); a status snapshot at most every [`STATUS_INTERVAL`] while busy.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use airs_memory::PoolUsage;
+use serde::Serialize;
+
+use crate::error::{RuntimeError, RuntimeErrorKind};
+use crate::metrics::SchedulerStats;
+use crate::model::LoadedModel;
+use crate::request::{Event, Request, RequestId};
+use crate::scheduler::{PoolMap, Scheduler, SessionSummary, Sink};
+
+/// Most time between two status snapshots while the engine is busy.
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The engine's state at one instant, as the engine thread last published it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// Sequences running and requests waiting.
+    pub running: usize,
+    pub waiting: usize,
+    pub stats: SchedulerStats,
+    pub pool: PoolMap,
+    /// The model pool's account.
+    pub model_pool: ModelPoolUsage,
+    pub sessions: Vec<SessionSummary>,
+    /// Whether the weights are still loading, and how far along.
+    pub loading: bool,
+    pub loaded_bytes: u64,
+    pub region_bytes: u64,
+    /// When the snapshot was taken, as seconds since the service started.
+    pub at_seconds: f64,
+}
+
+/// The model pool's account (bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ModelPoolUsage {
+    pub capacity_bytes: u64,
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub scratch_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl From<PoolUsage> for ModelPoolUsage {
+    fn from(u: PoolUsage) -> ModelPoolUsage {
+        ModelPoolUsage {
+            capacity_bytes: u.capacity_bytes,
+            weights_bytes: u.weights_bytes,
+            kv_cache_bytes: u.kv_cache_bytes,
+            scratch_bytes: u.scratch_bytes,
+            free_bytes: u.free_bytes(),
+        }
+    }
+}
+
+/// What a shutdown did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ShutdownReport {
+    /// Requests that finished within the grace period, and those cancelled after it.
+    pub finished: u64,
+    pub cancelled: u64,
+}
+
+enum Command {
+    Submit(RequestId, Box<Request>, Sink),
+    Cancel(RequestId),
+    Shutdown(Duration, mpsc::Sender<ShutdownReport>),
+}
+
+/// A scheduler on its engine thread (see the module documentation).
+pub struct Service {
+    commands: mpsc::Sender<Command>,
+    status: Arc<Mutex<Status>>,
+    next_id: AtomicU64,
+    model: Arc<LoadedModel>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("model", &self.model.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// Start `scheduler` on its engine thread.
+    pub fn start(scheduler: Scheduler) -> Service {
+        let (tx, rx) = mpsc::channel();
+        let status = Arc::new(Mutex::new(Status::default()));
+        let model = Arc::clone(scheduler.model());
+        let shared = Arc::clone(&status);
+        let thread = std::thread::Builder::new()
+            .name("airs-engine".into())
+            .spawn(move || engine_loop(scheduler, rx, shared))
+            .expect("spawning the engine thread");
+        Service {
+            commands: tx,
+            status,
+            next_id: AtomicU64::new(0),
+            model,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// The model the service serves (tokenizer, template, shape: shared, immutable).
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    /// Queue `request`; returns at once. Its events, including a refusal
+    /// ([`Event::Failed`]: bad request, queue full, too large for the pool, shutting down),
+    /// go to `sink`.
+    pub fn submit(&self, request: Request, sink: Sink) -> RequestId {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        if let Err(mpsc::SendError(Command::Submit(_, _, mut sink))) = self
+            .commands
+            .send(Command::Submit(id, Box::new(request), sink))
+        {
+            let _ = sink(Event::Failed(RuntimeError::new(
+                RuntimeErrorKind::ShuttingDown,
+            )));
+        }
+        id
+    }
+
+    /// Cancel request `id` (its blocks return to the pool before the next step).
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Cancel(id));
+    }
+
+    /// The latest status snapshot.
+    pub fn status(&self) -> Status {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stop admitting requests, let those in flight finish for up to `grace`, cancel the rest,
+    /// and stop the engine thread.
+    pub fn shutdown(&self, grace: Duration) -> ShutdownReport {
+        let (tx, rx) = mpsc::channel();
+        let report = if self.commands.send(Command::Shutdown(grace, tx)).is_ok() {
+            rx.recv().unwrap_or_default()
+        } else {
+            ShutdownReport::default()
+        };
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        report
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.shutdown(Duration::ZERO);
+    }
+}
+
+fn publish(scheduler: &Scheduler, status: &Mutex<Status>, started: Instant) {
+    let model = scheduler.model();
+    let (loading, loaded, total) = match model.region() {
+        Some(r) => {
+            let p = r.loader().progress();
+            (!r.loader().is_resident(), p.filled_bytes, p.total_bytes)
+        }
+        None => {
+            let n = model.model.image().bytes().len() as u64;
+            (false, n, n)
+        }
+    };
+    let s = Status {
+        running: scheduler.running_len(),
+        waiting: scheduler.waiting_len(),
+        stats: scheduler.stats().clone(),
+        pool: scheduler.pool_map(),
+        model_pool: model.pool().usage().into(),
+        sessions: scheduler.sessions(),
+        loading,
+        loaded_bytes: loaded,
+        region_bytes: total,
+        at_seconds: started.elapsed().as_secs_f64(),
+    };
+    *status.lock().unwrap_or_else(|e| e.into_inner()) = s;
+}
+
+fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Arc<Mutex<Status>>) {
+    let started = Instant::now();
+    let mut published = Instant::now();
+    publish(&scheduler, &status, started);
+    let mut shutdown: Option<(Instant, mpsc::Sender<ShutdownReport>)> = None;
+    let completed_at_start = scheduler.stats().completed;
+    loop {
+        // Take every command waiting; when there is nothing to do, sleep on the channel.
+        let mut first = if scheduler.has_work() || shutdown.is_some() {
+            None
+        } else {
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(c) => Some(c),
+                Err(RecvTimeoutError::Timeout) => {
+                    publish(&scheduler, &status, started);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        loop {
+            let cmd = match first.take() {
+                Some(c) => c,
+                None => match rx.try_recv() {
+                    Ok(c) => c,
+                    Err(_) => break,
+                },
+            };
+            match cmd {
+                Command::Submit(id, request, mut sink) => {
+                    if shutdown.is_some() {
+                        let _ = sink(Event::Failed(RuntimeError::new(
+                            RuntimeErrorKind::ShuttingDown,
+                        )));
+                        continue;
+                    }
+                    if let Err(mut refused) = scheduler.submit_as(id, *request, sink) {
+                        let _ = (refused.sink)(Event::Failed(refused.error));
+                    }
+                }
+                Command::Cancel(id) => scheduler.cancel(id),
+                Command::Shutdown(grace, reply) => {
+                    shutdown = Some((Instant::now() + grace, reply));
+                }
+            }
+        }
+        if let Some((deadline, _)) = &shutdown
+            && (!scheduler.has_work() || Instant::now() >= *deadline)
+        {
+            let finished = scheduler.stats().completed - completed_at_start;
+            let cancelled =
+                scheduler.fail_all(|| RuntimeError::new(RuntimeErrorKind::ShuttingDown));
+            publish(&scheduler, &status, started);
+            let (_, reply) = shutdown.take().expect("checked");
+            let _ = reply.send(ShutdownReport {
+                finished,
+                cancelled,
+            });
+            return;
+        }
+        if scheduler.has_work() {
+            scheduler.step();
+        }
+        if published.elapsed() >= STATUS_INTERVAL || !scheduler.has_work() {
+            publish(&scheduler, &status, started);
+            published = Instant::now();
+        }
+    }
+}
