@@ -1,6 +1,7 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
 mod bench;
+mod bench_batch;
 mod bench_kv;
 mod bench_load;
 mod bench_sessions;
@@ -10,6 +11,7 @@ mod inspect;
 mod model_file;
 mod pool_args;
 mod run;
+mod serve;
 mod session_cmd;
 mod tokenize;
 
@@ -64,6 +66,8 @@ enum Command {
     GenModel(gen_model::GenModelArgs),
     /// One turn (or a script of turns) of a persisted conversation session.
     Session(session_cmd::SessionArgs),
+    /// Serve models over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
     /// Benchmarks (reported as medians; not part of the test suite).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -79,6 +83,8 @@ enum BenchCommand {
     Kv(bench_kv::BenchKvArgs),
     /// Sessions of mixed priorities overflowing a KV pool: evictions, rebuilds, invariants.
     Sessions(bench_sessions::BenchSessionsArgs),
+    /// Continuous batching: aggregate and per-session decode tokens/s at several concurrencies.
+    Batch(bench_batch::BenchBatchArgs),
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
@@ -121,7 +127,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Load(args)) => bench_load::run_load(args),
         Command::Bench(BenchCommand::Kv(args)) => bench_kv::run(args),
         Command::Bench(BenchCommand::Sessions(args)) => bench_sessions::run(args),
+        Command::Bench(BenchCommand::Batch(args)) => bench_batch::run(args),
         Command::Session(args) => session_cmd::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

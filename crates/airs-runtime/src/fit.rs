@@ -226,7 +226,9 @@ pub fn sessions_config(
         SchedulerConfig::new(sessions * context.max(1).next_multiple_of(tpb) * per_token);
     config.kv_type = kv_type;
     config.max_running = sessions.max(1);
-    config.step_tokens = context.clamp(1, airs_engine::footprint::PREFILL_BATCH as usize);
+    config.step_tokens = context
+        .clamp(1, airs_engine::footprint::PREFILL_BATCH as usize)
+        .max(config.max_running + 1);
     Ok(config)
 }
 

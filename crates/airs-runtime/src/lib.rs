@@ -54,7 +54,7 @@ pub use request::{
     RequestId, SessionTurn, Task, TokenEvent, TokenLogprobs, Usage,
 };
 pub use scheduler::{
-    Collected, PoolMap, Scheduler, SchedulerConfig, SchedulerEvent, SeqId, SessionSummary, Sink,
-    StepReport, WaitReason,
+    Collected, PoolMap, Scheduler, SchedulerConfig, SchedulerEvent, SeqId, SeqSummary,
+    SessionSummary, Sink, StepReport, WaitReason,
 };
 pub use store::{Durability, HistoryStore, Role, SamplerSettings};

@@ -41,10 +41,13 @@
 //!   sessions), or larger than the whole pool.
 //!
 //! Starvation bound: a running sequence that is decoding is scheduled at every step it has its
-//! next block for. A running sequence that is prefilling, or a waiting request for which a
-//! slot and its blocks are free, is scheduled within `starvation_steps` steps (16 by default):
-//! after that many steps without progress it is served before every other sequence. Only a
-//! sequence whose blocks the pool cannot hold waits longer, which is what "runnable" excludes.
+//! next block for (`step_tokens` must exceed `max_running`, so decode rows never take the whole
+//! budget). A *runnable* sequence — a running one still prefilling, or a waiting one for which
+//! a slot and its blocks are free — is scheduled within `starvation_steps + max_running` steps
+//! (32 by default): after `starvation_steps` steps without progress it is served before every
+//! sequence that is not starving, even a more important request that waits for memory, and
+//! starving sequences are served one after another. Only a sequence whose blocks the pool
+//! cannot hold (or that has no slot) waits longer, which is what "runnable" excludes.
 //!
 //! Prefix sharing: at admission a request takes the longest prefix of its tokens the pool's
 //! radix index holds ([`airs_engine::PagedKv::new_sequence_with_prefix`]). If a running
@@ -401,9 +404,9 @@ impl Scheduler {
         store: Option<HistoryStore>,
         clock: Box<dyn Clock>,
     ) -> Result<Scheduler> {
-        if config.step_tokens == 0 || config.max_running == 0 {
+        if config.max_running == 0 || config.step_tokens <= config.max_running {
             return Err(RuntimeError::invalid(
-                "step_tokens and max_running must be at least 1",
+                "max_running must be at least 1 and step_tokens larger than max_running",
             ));
         }
         let shape = model.kv_shape();
@@ -1167,7 +1170,12 @@ impl Scheduler {
                 Admission::Skip(reason) => report.waiting.push((id, reason)),
                 Admission::Wait => {
                     report.waiting.push((id, WaitReason::NoMemory));
-                    blocked = Some(WaitReason::Behind);
+                    // Strict priority order: what waits for memory keeps what comes after it
+                    // from taking that memory — unless it is itself starving (a starving
+                    // sequence must not hold up the next one).
+                    if self.order_key(id).0 {
+                        blocked = Some(WaitReason::Behind);
+                    }
                 }
                 Admission::Failed(e) => {
                     let request = self.seq(id).request;
@@ -1189,14 +1197,16 @@ impl Scheduler {
         if self.seq(id).kv.is_none() && self.prefix_in_flight(id) {
             return Admission::Skip(WaitReason::PrefixInFlight);
         }
-        let hit = match self.seq(id).kv.as_ref() {
-            Some(kv) => kv.table().len(),
+        // A session turn may start from the session's own cache; anything else looks its
+        // tokens up in the prefix index.
+        let (hit, looked_up) = match self.seq(id).kv.as_ref() {
+            Some(kv) => (kv.table().len(), false),
             None => {
                 let seq = self.seq(id);
                 let (kv, hit) =
                     PagedKv::new_sequence_with_prefix(&self.pool, seq.salt.as_deref(), &seq.tokens);
                 self.seq_mut(id).kv = Some(kv.with_max_len(context_len));
-                hit
+                (hit, true)
             }
         };
         let need_len = self.seq(id).tokens.len();
@@ -1246,17 +1256,22 @@ impl Scheduler {
             .turn
             .as_ref()
             .map_or(0, |t| t.history_computed);
-        let rebuilt = computed_high.max(history_computed).saturating_sub(hit);
+        // Positions computed before (a session's history, or this sequence's own before it was
+        // preempted) that the lookup did not find are recomputed: a rebuild.
+        let computed_before = computed_high.max(history_computed);
+        let rebuilt = computed_before.saturating_sub(hit);
         self.stats.rebuilt_tokens += rebuilt as u64;
         if let Some(req) = self.requests.get_mut(&request) {
             req.rebuilt_tokens += rebuilt;
         }
-        if first && choice == 0 {
+        if looked_up {
             self.stats.prefix_queried_tokens += tokens_len as u64;
             self.stats.prefix_hit_tokens += hit as u64;
-            self.stats.prompt_tokens += tokens_len as u64;
-            self.stats.prefill_tokens += (tokens_len - hit) as u64;
+        }
+        if first && choice == 0 {
             let req = self.requests.get_mut(&request).expect("live request");
+            self.stats.prompt_tokens += req.usage.prompt_tokens as u64;
+            self.stats.prefill_tokens += (tokens_len - hit.max(computed_before)) as u64;
             req.admitted = Some(Instant::now());
             let cached = if req.turn.is_some() {
                 // A turn's prompt is the tokens it appends; what was cached before them is
@@ -1957,6 +1972,31 @@ impl Scheduler {
             .collect()
     }
 
+    /// Every sequence in flight, for tests and introspection.
+    pub fn sequences(&self) -> Vec<SeqSummary> {
+        self.seqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (SeqId(i as u32), s)))
+            .map(|(id, s)| SeqSummary {
+                id,
+                request: s.request,
+                choice: s.choice,
+                priority: s.priority,
+                running: s.running,
+                tokens: s.tokens.len(),
+                computed: s.kv_len(),
+                blocks: s.blocks().len() as u32,
+                since_step: s.since,
+            })
+            .collect()
+    }
+
+    /// The current step number (the last one run).
+    pub fn step_number(&self) -> u64 {
+        self.step_no
+    }
+
     /// The conversation of session `name` as stored in memory.
     pub fn history(&self, name: &str) -> Option<Vec<(crate::store::Role, String)>> {
         let s = self.sessions.as_ref()?;
@@ -2011,6 +2051,23 @@ impl Collected {
     pub fn first(&self) -> &ChoiceEnd {
         &self.choices[0]
     }
+}
+
+/// One sequence in flight, at one instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqSummary {
+    pub id: SeqId,
+    pub request: RequestId,
+    pub choice: usize,
+    pub priority: Priority,
+    pub running: bool,
+    /// Tokens of the sequence (prompt and generated; 0 for a session turn not yet resolved).
+    pub tokens: usize,
+    /// Positions its cache holds.
+    pub computed: usize,
+    pub blocks: u32,
+    /// The step it last made progress in (or entered its state).
+    pub since_step: u64,
 }
 
 /// One session, at one instant.

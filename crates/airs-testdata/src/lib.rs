@@ -56,6 +56,48 @@ pub fn qwen_path() -> PathBuf {
     .clone()
 }
 
+/// Runs one of the repository's install scripts (first use installs, later uses only check)
+/// and returns the path it prints on its last line. Panics with the script's message when it
+/// fails: tests that need what it installs must not pass without it.
+fn installed(script: &str) -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo_path(script))
+        .output()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("the script prints a path")
+            .trim(),
+    )
+}
+
+/// A Python interpreter with the official `openai` client (pinned), in a virtual environment
+/// that `scripts/install-test-python.sh` creates on first use. `AIRS_TEST_PYTHON` names
+/// another one.
+pub fn python_with_openai() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| match std::env::var_os("AIRS_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => installed("scripts/install-test-python.sh"),
+    })
+    .clone()
+}
+
+/// Debian's Chromium, installed by `scripts/install-chromium.sh` when missing (root only).
+pub fn chromium() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| installed("scripts/install-chromium.sh"))
+        .clone()
+}
+
 /// One of llama.cpp's reference runs (see testdata/reference/README.md).
 #[derive(Clone, Debug, Deserialize)]
 pub struct Reference {

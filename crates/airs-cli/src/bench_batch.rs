@@ -1,0 +1,428 @@
+//! `airs bench batch`: what continuous batching buys. For each concurrency in `--sessions`,
+//! that many requests (distinct prompts of `--prompt-tokens`, optionally starting with a common
+//! `--shared-prefix`) arrive at once at one scheduler and generate `--gen-tokens` each (greedy,
+//! end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s (all
+//! decode tokens over the span from the first request's first token to the last request's last
+//! token), the median per-session decode tokens/s, time to first token (median and p99), the
+//! scheduler steps, and whether every request's tokens equal the same request served alone.
+//!
+//! The scheduler reads each weight matrix once per step for all the sequences in it, so
+//! aggregate decode grows with concurrency until the step's compute, not the weight stream,
+//! dominates. Cost: Σ concurrency × (prompt + gen) tokens of forward passes per repetition,
+//! plus each distinct request once alone for the comparison.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use airs_engine::KvType;
+use airs_memory::{LoadOptions, ModelRegistry};
+use airs_runtime::{
+    Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler, SchedulerConfig,
+};
+use serde_json::json;
+
+use crate::bench::{median, prompt_tokens};
+use crate::model_file::{LoaderArgs, default_threads};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchBatchArgs {
+    /// The GGUF model (default: the embedded stories260K model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Concurrencies to measure, e.g. 1,4,16.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub sessions: Vec<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Leading prompt tokens every request shares (computed once, then shared).
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix: usize,
+    /// Tokens per scheduler step (decode rows plus prefill chunks).
+    #[arg(long, default_value_t = 512)]
+    pub step_tokens: usize,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long, default_value = "f16")]
+    pub kv_type: KvType,
+    /// Repetitions per concurrency; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
+    #[command(flatten)]
+    pub load: LoaderArgs,
+    /// Also measure an interactive request's time to first token while this many background
+    /// requests are decoding, against its time to first token on an idle runtime (0: skip).
+    #[arg(long, default_value_t = 8)]
+    pub probe_background: usize,
+    /// Skip serving every request alone for the comparison (profiling the batched runs).
+    #[arg(long)]
+    pub no_compare: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What one request's sink saw.
+#[derive(Clone, Debug, Default)]
+struct Timeline {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: Vec<u32>,
+    error: Option<String>,
+}
+
+/// One concurrency's measurement.
+#[derive(Clone, Debug)]
+struct Run {
+    aggregate: f64,
+    per_session: Vec<f64>,
+    ttft: Vec<Duration>,
+    steps: u64,
+    peak_batch: u64,
+    prefill_tokens: u64,
+    prefix_hit_tokens: u64,
+    tokens: Vec<Vec<u32>>,
+}
+
+/// The prompt of session `i`: `shared` common tokens, then text of its own (the same text cut
+/// at another place per session, so that prompts differ right after the shared part).
+fn prompt_of(base: &[u32], shared: usize, len: usize, i: usize) -> Vec<u32> {
+    let mut p: Vec<u32> = base[..shared.min(len)].to_vec();
+    let rest = &base[shared.min(base.len())..];
+    let mut k = (i * 7) % rest.len().max(1);
+    while p.len() < len {
+        p.push(rest[k % rest.len()]);
+        k += 1;
+    }
+    p
+}
+
+fn measure(
+    model: &Arc<LoadedModel>,
+    args: &BenchBatchArgs,
+    prompts: &[Vec<u32>],
+) -> anyhow::Result<Run> {
+    let n = prompts.len();
+    let per_seq = args.prompt_tokens + args.gen_tokens + 16;
+    let bytes_per_token = model
+        .kv_shape()
+        .bytes_per_token(args.kv_type)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "this model's heads do not fit a {} KV cache",
+                args.kv_type.name()
+            )
+        })?;
+    let mut config = SchedulerConfig::new(n * per_seq.next_multiple_of(16) * bytes_per_token);
+    config.kv_type = args.kv_type;
+    config.max_running = n.max(1);
+    config.max_waiting = n.max(64);
+    config.step_tokens = args.step_tokens.max(n + 1);
+    let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+    let params = GenerationParams {
+        max_tokens: args.gen_tokens,
+        ignore_eos: true,
+        ..GenerationParams::default()
+    };
+    let timelines: Vec<Arc<Mutex<Timeline>>> = (0..n)
+        .map(|_| Arc::new(Mutex::new(Timeline::default())))
+        .collect();
+    let t0 = Instant::now();
+    for (p, t) in prompts.iter().zip(&timelines) {
+        let t = Arc::clone(t);
+        scheduler.submit(
+            Request::generate(Prompt::Tokens(p.clone()), params.clone()),
+            Box::new(move |event| {
+                let mut t = t.lock().unwrap();
+                match event {
+                    Event::Token(tok) => {
+                        let now = Instant::now();
+                        t.first.get_or_insert(now);
+                        t.last = Some(now);
+                        t.tokens.push(tok.id);
+                    }
+                    Event::Failed(e) => t.error = Some(e.to_string()),
+                    _ => {}
+                }
+                true
+            }),
+        )?;
+    }
+    scheduler.run_to_completion();
+    let lines: Vec<Timeline> = timelines
+        .iter()
+        .map(|t| t.lock().unwrap().clone())
+        .collect();
+    if let Some(e) = lines.iter().find_map(|l| l.error.clone()) {
+        anyhow::bail!("a request failed: {e}");
+    }
+    let decode = |l: &Timeline| l.tokens.len().saturating_sub(1);
+    let per_session: Vec<f64> = lines
+        .iter()
+        .map(|l| {
+            let span = l
+                .last
+                .zip(l.first)
+                .map_or(0.0, |(b, a)| (b - a).as_secs_f64());
+            decode(l) as f64 / span.max(1e-9)
+        })
+        .collect();
+    let first = lines.iter().filter_map(|l| l.first).min().unwrap_or(t0);
+    let last = lines.iter().filter_map(|l| l.last).max().unwrap_or(t0);
+    let total: usize = lines.iter().map(decode).sum();
+    let stats = scheduler.stats();
+    Ok(Run {
+        aggregate: total as f64 / (last - first).as_secs_f64().max(1e-9),
+        per_session,
+        ttft: lines
+            .iter()
+            .map(|l| l.first.map_or(Duration::ZERO, |f| f - t0))
+            .collect(),
+        steps: stats.steps,
+        peak_batch: stats.peak_batch,
+        prefill_tokens: stats.prefill_tokens,
+        prefix_hit_tokens: stats.prefix_hit_tokens,
+        tokens: lines.into_iter().map(|l| l.tokens).collect(),
+    })
+}
+
+/// An interactive request's time to first token (seconds) on an idle scheduler, and when it
+/// arrives while `probe_background` background requests are decoding (medians of 5).
+fn priority_probe(
+    model: &Arc<LoadedModel>,
+    args: &BenchBatchArgs,
+    prompt: &[u32],
+) -> anyhow::Result<(f64, f64)> {
+    let n = args.probe_background;
+    let bytes_per_token = model.kv_shape().bytes_per_token(args.kv_type).unwrap_or(1);
+    let per_seq = (args.prompt_tokens + args.gen_tokens * 8 + 32).next_multiple_of(16);
+    let mut config = SchedulerConfig::new((n + 1) * per_seq * bytes_per_token);
+    config.kv_type = args.kv_type;
+    config.max_running = n + 1;
+    config.step_tokens = args.step_tokens.max(n + 2);
+    let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+    let first_token = |s: &mut Scheduler, p: &[u32], salt: u8| -> anyhow::Result<f64> {
+        let got = Arc::new(Mutex::new(None::<Instant>));
+        let g = Arc::clone(&got);
+        let t0 = Instant::now();
+        let id = s.submit(
+            Request::generate(
+                Prompt::Tokens(p.to_vec()),
+                GenerationParams {
+                    max_tokens: 1,
+                    ..GenerationParams::default()
+                },
+            )
+            .with_salt(Some(vec![salt])),
+            Box::new(move |e| {
+                if matches!(e, Event::Token(_)) {
+                    g.lock().unwrap().get_or_insert(Instant::now());
+                }
+                true
+            }),
+        )?;
+        s.run_until_done(id);
+        let at = got
+            .lock()
+            .unwrap()
+            .ok_or_else(|| anyhow::anyhow!("no first token"))?;
+        Ok((at - t0).as_secs_f64())
+    };
+    let mut idle = Vec::new();
+    for i in 0..5u8 {
+        idle.push(first_token(&mut scheduler, prompt, i)?);
+    }
+    // Background requests, decoding (their prompts in first).
+    let params = GenerationParams {
+        max_tokens: args.gen_tokens * 8,
+        ignore_eos: true,
+        ..GenerationParams::default()
+    };
+    for i in 0..n {
+        let mut p = prompt.to_vec();
+        p.rotate_left(i + 1);
+        scheduler.submit(
+            Request::generate(Prompt::Tokens(p), params.clone())
+                .with_priority(airs_runtime::Priority::Background),
+            Box::new(|_| true),
+        )?;
+    }
+    while scheduler
+        .sequences()
+        .iter()
+        .any(|q| q.computed < q.tokens.saturating_sub(1))
+    {
+        scheduler.step();
+    }
+    let mut busy = Vec::new();
+    for i in 0..5u8 {
+        busy.push(first_token(&mut scheduler, prompt, 100 + i)?);
+    }
+    Ok((median(&mut idle), median(&mut busy)))
+}
+
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * (v.len() - 1) as f64).round() as usize;
+    v[rank.min(v.len() - 1)]
+}
+
+pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.sessions.is_empty() && args.sessions.iter().all(|&s| s >= 1),
+        "--sessions takes concurrencies of at least 1, e.g. 1,4,16"
+    );
+    anyhow::ensure!(args.gen_tokens >= 2, "--gen-tokens must be at least 2");
+    let threads = args.threads.unwrap_or_else(default_threads);
+    // The benchmark's own account, without a limit: it measures batching, not the pool.
+    let registry = ModelRegistry::new(u64::MAX);
+    let options: LoadOptions = args.load.options();
+    let model = Arc::new(
+        LoadedModel::load_or_embedded(&registry, args.model.as_deref(), &options, threads)
+            .map_err(|e| anyhow::anyhow!("loading the model: {e}"))?,
+    );
+    model.wait_resident()?;
+    anyhow::ensure!(
+        args.prompt_tokens + args.gen_tokens < model.context_len(),
+        "--prompt-tokens + --gen-tokens exceed the context length {}",
+        model.context_len()
+    );
+    let max_sessions = *args.sessions.iter().max().expect("not empty");
+    let base = prompt_tokens(&model, args.prompt_tokens * 2 + max_sessions * 7);
+    let prompts: Vec<Vec<u32>> = (0..max_sessions)
+        .map(|i| prompt_of(&base, args.shared_prefix, args.prompt_tokens, i))
+        .collect();
+    // Every distinct request alone, for the comparison.
+    let alone: Vec<Vec<u32>> = if args.no_compare {
+        Vec::new()
+    } else {
+        prompts
+            .iter()
+            .map(|p| measure(&model, &args, std::slice::from_ref(p)).map(|r| r.tokens[0].clone()))
+            .collect::<anyhow::Result<_>>()?
+    };
+
+    let mut rows = Vec::new();
+    let mut identical_all = true;
+    let mut one_session: Option<f64> = None;
+    for &n in &args.sessions {
+        let mut runs = Vec::new();
+        for _ in 0..args.reps.max(1) {
+            runs.push(measure(&model, &args, &prompts[..n])?);
+        }
+        let identical = !args.no_compare
+            && runs
+                .iter()
+                .all(|r| r.tokens.iter().zip(&alone).all(|(a, b)| a == b));
+        identical_all &= identical;
+        let aggregate = median(&mut runs.iter().map(|r| r.aggregate).collect::<Vec<_>>());
+        let per_session = median(
+            &mut runs
+                .iter()
+                .flat_map(|r| r.per_session.iter().copied())
+                .collect::<Vec<_>>(),
+        );
+        let ttft_ms: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.ttft.iter().map(|d| d.as_secs_f64() * 1e3))
+            .collect();
+        if n == 1 {
+            one_session = Some(aggregate);
+        }
+        rows.push(json!({
+            "sessions": n,
+            "aggregate_decode_tokens_per_s": aggregate,
+            "per_session_decode_tokens_per_s": per_session,
+            "speedup_vs_one_session": one_session.map(|o| aggregate / o),
+            "ttft_ms_p50": percentile(&ttft_ms, 50.0),
+            "ttft_ms_p99": percentile(&ttft_ms, 99.0),
+            "steps": median(&mut runs.iter().map(|r| r.steps as f64).collect::<Vec<_>>()),
+            "peak_batch": runs.iter().map(|r| r.peak_batch).max(),
+            "prompt_tokens_computed": runs[0].prefill_tokens,
+            "prefix_hit_tokens": runs[0].prefix_hit_tokens,
+            "identical_to_alone": identical,
+            "aggregate_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
+        }));
+    }
+    let probe = if args.probe_background > 0 {
+        Some(priority_probe(&model, &args, &prompts[0])?)
+    } else {
+        None
+    };
+    let report = json!({
+        "model": model.name,
+        "threads": threads,
+        "isa": format!("{:?}", model.runtime.isa).to_lowercase(),
+        "kv_type": args.kv_type.name(),
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "shared_prefix": args.shared_prefix,
+        "step_tokens": args.step_tokens,
+        "reps": args.reps,
+        "runs": rows,
+        "identical_to_alone": identical_all,
+        "interactive_probe": probe.as_ref().map(|p| json!({
+            "background_sequences": args.probe_background,
+            "ttft_ms_idle": p.0 * 1e3,
+            "ttft_ms_under_background": p.1 * 1e3,
+            "ratio": p.1 / p.0,
+        })),
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {} threads, kv {}, prompts of {} tokens ({} shared), {} generated each",
+            model.name,
+            threads,
+            args.kv_type.name(),
+            args.prompt_tokens,
+            args.shared_prefix,
+            args.gen_tokens
+        );
+        println!(
+            "{:>8} {:>14} {:>9} {:>13} {:>10} {:>10} {:>6} {:>10}",
+            "sessions",
+            "aggregate t/s",
+            "speedup",
+            "per-session",
+            "ttft p50",
+            "ttft p99",
+            "steps",
+            "identical"
+        );
+        for r in report["runs"].as_array().expect("rows") {
+            println!(
+                "{:>8} {:>14.1} {:>8.2}x {:>13.1} {:>8.1}ms {:>8.1}ms {:>6} {:>10}",
+                r["sessions"],
+                r["aggregate_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+                r["speedup_vs_one_session"].as_f64().unwrap_or(f64::NAN),
+                r["per_session_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+                r["ttft_ms_p50"].as_f64().unwrap_or(0.0),
+                r["ttft_ms_p99"].as_f64().unwrap_or(0.0),
+                r["steps"],
+                r["identical_to_alone"],
+            );
+        }
+    }
+    if let Some((idle, busy)) = probe.filter(|_| !args.json) {
+        println!(
+            "interactive request beside {} decoding background requests: first token in {:.1} ms \
+             (idle: {:.1} ms, {:.2}x)",
+            args.probe_background,
+            busy * 1e3,
+            idle * 1e3,
+            busy / idle
+        );
+    }
+    anyhow::ensure!(
+        identical_all || args.no_compare,
+        "a batched request differed from the same request alone"
+    );
+    Ok(())
+}

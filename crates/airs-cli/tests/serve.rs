@@ -1,0 +1,596 @@
+//! `airs serve` as a client sees it: a real server process on a loopback port, driven by the
+//! official `openai` Python client (tests/serve/openai_suite.py, in a pinned virtual
+//! environment installed on first use), raw HTTP, a second server as the remote endpoint, and
+//! Debian's headless Chromium for the pool page. Crashes and shutdowns use real signals.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const KEY: &str = "test-key-123";
+
+/// The tests run one at a time: each runs servers and clients that want both cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running `airs serve`.
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Start `airs serve --port 0 <args>` and wait until `/health` says 200.
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_airs"))
+            .args(["serve", "--port", "0", "--threads", "2"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning airs serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
+                    }
+                    log.lock().unwrap().push_str(&line);
+                    log.lock().unwrap().push('\n');
+                }
+            });
+        }
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("airs serve did not start: {}", log.lock().unwrap()));
+        let s = Server { child, addr, log };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while s.get("/health").0 != 200 {
+            assert!(Instant::now() < deadline, "never healthy: {}", s.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// GET `path` (with the test key): status and body.
+    fn get(&self, path: &str) -> (u16, String) {
+        http(&self.addr, "GET", path, None)
+    }
+
+    fn json(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn sigterm(&mut self) -> ExitStatus {
+        // SAFETY: kill(2) with a valid pid and signal number has no memory-safety precondition.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection: status and body.
+fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
+    // Chunked bodies (small JSON answers): join the chunks.
+    let body = if out
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut joined = String::new();
+        let mut rest = body;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || tail.len() < n {
+                break;
+            }
+            joined.push_str(&tail[..n]);
+            rest = tail[n..].trim_start_matches("\r\n");
+        }
+        joined
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn suite() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/openai_suite.py")
+}
+
+/// Run a scenario of the Python suite; its output (it must pass).
+fn python(scenario: &str, server: &Server, args: &[&str]) -> String {
+    let out = Command::new(airs_testdata::python_with_openai())
+        .arg(suite())
+        .args([scenario, "--base", &server.base()])
+        .args(args)
+        .output()
+        .expect("running the openai suite");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    stdout
+}
+
+fn qwen() -> String {
+    airs_testdata::qwen_path().display().to_string()
+}
+
+fn qwen_id() -> String {
+    airs_testdata::qwen_path()
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn stories() -> String {
+    airs_testdata::stories_path().display().to_string()
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("airs-serve-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The messages of session `name` in `db`, as `airs session --show --json` prints them.
+fn history(db: &Path, name: &str) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_airs"))
+        .args(["session", "--db"])
+        .arg(db)
+        .args(["--model", &stories(), "--session", name, "--show", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn the_openai_client_gets_openai_answers_from_qwen() {
+    let _serial = serial();
+    let server = Server::start(&["--model", &qwen(), "--api-key", KEY, "--parallel", "4"]);
+    python(
+        "api",
+        &server,
+        &["--key", KEY, "--model", &qwen_id(), "--context", "32768"],
+    );
+}
+
+#[test]
+fn eight_clients_at_once_get_what_they_get_one_at_a_time_and_prefixes_are_shared() {
+    let _serial = serial();
+    let server = Server::start(&["--model", &qwen(), "--api-key", KEY, "--parallel", "8"]);
+    python(
+        "concurrency",
+        &server,
+        &["--key", KEY, "--model", &qwen_id()],
+    );
+    python("prefix", &server, &["--key", KEY, "--model", &qwen_id()]);
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
+    let _serial = serial();
+    let server = Server::start(&["--model", &stories(), "--api-key", KEY]);
+    python(
+        "disconnect",
+        &server,
+        &["--key", KEY, "--model", "stories260K"],
+    );
+}
+
+#[test]
+fn a_bounded_load_gets_only_documented_statuses_and_memory_returns_to_idle() {
+    let _serial = serial();
+    let server = Server::start(&[
+        "--model",
+        &stories(),
+        "--api-key",
+        KEY,
+        "--parallel",
+        "4",
+        "--queue",
+        "6",
+        "--kv-pool",
+        "1M",
+    ]);
+    let out = python(
+        "load",
+        &server,
+        &[
+            "--key",
+            KEY,
+            "--model",
+            "stories260K",
+            "--clients",
+            "16",
+            "--requests",
+            "25",
+        ],
+    );
+    assert!(out.contains("PASS load"));
+}
+
+/// Sends `turns` ("a|b|c") of session "story"; the ACKed reply texts.
+fn session_turns(server: &Server, turns: &str, stream_last: bool) -> Vec<String> {
+    let mut args = vec![
+        "--key",
+        KEY,
+        "--model",
+        "stories260K",
+        "--session",
+        "story",
+        "--system",
+        "You tell stories.",
+        "--turns",
+        turns,
+        "--max-tokens",
+        "24",
+    ];
+    if stream_last {
+        args.push("--stream-last");
+    }
+    let out = python("session", server, &args);
+    out.lines()
+        .filter_map(|l| l.strip_prefix("ACK "))
+        .map(|l| {
+            let (_, j) = l.split_once(' ').unwrap();
+            serde_json::from_str::<Value>(j).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+const TURNS: [&str; 4] = [
+    "Once upon a time there was a cat.",
+    "The cat found a ball.",
+    "Then it rained.",
+    "How did the day end?",
+];
+
+#[test]
+fn sigkill_mid_session_stream_loses_no_acknowledged_message_and_the_session_continues() {
+    let _serial = serial();
+    // The reference: the whole conversation without a crash.
+    let ref_dir = temp_dir("ref");
+    let ref_db = ref_dir.join("h.db");
+    let want = {
+        let s = Server::start(&[
+            "--model",
+            &stories(),
+            "--api-key",
+            KEY,
+            "--db",
+            ref_db.to_str().unwrap(),
+        ]);
+        session_turns(&s, &TURNS.join("|"), false)
+    };
+    assert_eq!(want.len(), 4);
+
+    let dir = temp_dir("crash");
+    let db = dir.join("h.db");
+    let db_s = db.to_str().unwrap().to_string();
+    let mut server = Server::start(&["--model", &stories(), "--api-key", KEY, "--db", &db_s]);
+    let acked = session_turns(&server, &TURNS[..2].join("|"), false);
+    assert_eq!(acked, want[..2]);
+    // Turn 3 streamed, the server killed in the middle of it.
+    let mut client = Command::new(airs_testdata::python_with_openai())
+        .arg(suite())
+        .args([
+            "session",
+            "--base",
+            &server.base(),
+            "--key",
+            KEY,
+            "--model",
+            "stories260K",
+        ])
+        .args([
+            "--session",
+            "story",
+            "--turns",
+            TURNS[2],
+            "--max-tokens",
+            "400",
+        ])
+        .arg("--stream-last")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("CHUNK"), "{first}");
+    server.kill9();
+    let _ = client.wait();
+    let h = history(&db, "story");
+    // system, then two acknowledged turns; the streamed one was never acknowledged.
+    let texts: Vec<&str> = h.iter().map(|m| m["content"].as_str().unwrap()).collect();
+    assert_eq!(texts.len(), 5, "{texts:?}");
+    assert_eq!(texts[2], want[0]);
+    assert_eq!(texts[4], want[1]);
+
+    // A restart over the same database continues exactly as the uninterrupted conversation.
+    let server = Server::start(&["--model", &stories(), "--api-key", KEY, "--db", &db_s]);
+    let rest = session_turns(&server, &TURNS[2..].join("|"), false);
+    assert_eq!(rest, want[2..]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&ref_dir);
+}
+
+#[test]
+fn sigterm_during_requests_exits_0_with_histories_intact() {
+    let _serial = serial();
+    let dir = temp_dir("term");
+    let db = dir.join("h.db");
+    let mut server = Server::start(&[
+        "--model",
+        &stories(),
+        "--api-key",
+        KEY,
+        "--db",
+        db.to_str().unwrap(),
+        "--grace",
+        "20",
+    ]);
+    let turns = "Once upon a time there was a dog.|The dog ran.|What next?|And then?";
+    // Four conversations; their clients print each acknowledged reply as it arrives.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    let mut clients = Vec::new();
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        let mut c = Command::new(airs_testdata::python_with_openai())
+            .arg(suite())
+            .args([
+                "session",
+                "--base",
+                &server.base(),
+                "--key",
+                KEY,
+                "--model",
+                "stories260K",
+            ])
+            .args(["--session", name, "--turns", turns, "--max-tokens", "300"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = c.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("ACK ") {
+                    let j: Value = serde_json::from_str(rest.split_once(' ').unwrap().1).unwrap();
+                    let _ = tx.send((i, j["text"].as_str().unwrap().to_string()));
+                }
+            }
+        });
+        clients.push(c);
+    }
+    drop(tx);
+    // SIGTERM once every conversation has a turn acknowledged (the next ones are in flight).
+    let mut acked: Vec<Vec<String>> = vec![Vec::new(); 4];
+    while acked.iter().any(Vec::is_empty) {
+        let (i, text) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("an acknowledgement");
+        acked[i].push(text);
+    }
+    let status = server.sigterm();
+    assert!(status.success(), "exit status {status:?}: {}", server.log());
+    for c in &mut clients {
+        let _ = c.wait();
+    }
+    while let Ok((i, text)) = rx.recv_timeout(Duration::from_secs(5)) {
+        acked[i].push(text);
+    }
+    assert!(server.log().contains("engines stopped"), "{}", server.log());
+    for (name, acked) in ["a", "b", "c", "d"].iter().zip(&acked) {
+        let h = history(&db, name);
+        // Whole turns only, and every acknowledged reply is there.
+        assert!(h.len().is_multiple_of(2), "{name}: half a turn: {h:?}");
+        let replies: Vec<&str> = h
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .map(|m| m["content"].as_str().unwrap())
+            .collect();
+        assert!(
+            replies.len() >= acked.len(),
+            "{name}: {replies:?} vs {acked:?}"
+        );
+        assert_eq!(
+            &replies[..acked.len()],
+            acked.iter().map(String::as_str).collect::<Vec<_>>()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_2g_device_serves_through_its_remote_endpoint() {
+    let _serial = serial();
+    let remote = Server::start(&["--model", &stories()]);
+    let front = Server::start(&[
+        "--device-ram",
+        "2G",
+        "--remote",
+        &remote.base(),
+        "--api-key",
+        KEY,
+    ]);
+    python(
+        "remote",
+        &front,
+        &[
+            "--key",
+            KEY,
+            "--model",
+            "stories260K",
+            "--remote-base",
+            &remote.base(),
+        ],
+    );
+}
+
+#[test]
+fn the_pool_page_draws_the_live_pool_in_chromium() {
+    let _serial = serial();
+    let dir = temp_dir("page");
+    let db = dir.join("h.db");
+    let server = Server::start(&[
+        "--model",
+        &stories(),
+        "--db",
+        db.to_str().unwrap(),
+        "--kv-pool",
+        "2M",
+    ]);
+    // Two sessions keep their caches between turns: the map has holders and blocks.
+    for name in ["alice", "bob"] {
+        let body = format!(
+            r#"{{"model": "stories260K", "session": "{name}", "max_tokens": 20, "temperature": 0,
+                "messages": [{{"role": "user", "content": "Once upon a time"}}]}}"#
+        );
+        let (status, out) = http(&server.addr, "POST", "/v1/chat/completions", Some(&body));
+        assert_eq!(status, 200, "{out}");
+    }
+    let pool = server.json("/v1/pool");
+    let total: u64 = pool["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["kv"]["blocks_total"].as_u64().unwrap())
+        .sum();
+    let holders = pool["models"][0]["kv"]["holders"].as_array().unwrap().len();
+    assert_eq!(holders, 2, "{pool}");
+    let profile = dir.join("chromium");
+    let out = Command::new(airs_testdata::chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=4000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("{}/", server.base()))
+        .output()
+        .expect("running chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    let count = dom
+        .split("id=\"block-count\">")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .unwrap_or("");
+    assert_eq!(
+        count,
+        total.to_string(),
+        "block count on the page\n{dom}\n{log}"
+    );
+    assert!(
+        dom.contains("alice") && dom.contains("bob"),
+        "the sessions are drawn: {dom}"
+    );
+    assert!(dom.contains("<canvas"), "the blocks are drawn");
+    let console_errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") && (l.contains("Error") || l.contains("Uncaught")))
+        .collect();
+    assert!(
+        console_errors.is_empty(),
+        "console errors: {console_errors:?}"
+    );
+    assert!(
+        dom.contains("<span id=\"error\"></span>"),
+        "the page read /v1/pool: {dom}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,576 @@
+//! The OpenAI request bodies airs accepts, parsed from untrusted bytes into the runtime's
+//! [`Request`] with typed errors: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings`, and llama.cpp's `POST /tokenize` / `POST /detokenize`.
+//!
+//! Honoured fields: `model`, `messages` (system/developer/user/assistant; content a string or
+//! an array of text parts), `prompt` (a string or token ids), `max_tokens` and
+//! `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop` (a string or
+//! an array), `presence_penalty`, `frequency_penalty`, `repeat_penalty` (llama.cpp's),
+//! `logprobs`/`top_logprobs`, `n`, `stream`, `stream_options.include_usage`, `user` (accepted,
+//! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
+//! persistent conversation's name: the client sends only the new message). Unknown fields are
+//! accepted and ignored. Sampling defaults are llama.cpp's server's (temperature 0.8, top-k 40,
+//! top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or min-p),
+//! because small local models need the tail cut; `max_tokens` defaults to the rest of the
+//! context.
+//!
+//! Everything here is a pure function of the bytes and the model (fuzzed: `fuzz/`), so a
+//! hostile body can only produce an [`ApiError`], never a panic or an unbounded allocation:
+//! the body itself is bounded by the server's limit before it gets here, and counts inside it
+//! (messages, stop strings, token ids) are bounded by that.
+//!
+//! Cost: one JSON parse; rendering the chat template is linear in the conversation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use airs_engine::SamplerConfig;
+use airs_runtime::{GenerationParams, LoadedModel, Priority, Prompt, Request, SessionTurn};
+use airs_tokenizer::chat::ChatMessage;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// Most messages in one chat request.
+pub const MAX_MESSAGES: usize = 4096;
+/// Most stop strings (as OpenAI: 4; airs takes up to 16).
+pub const MAX_STOPS: usize = 16;
+
+/// `content`: a string or an array of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `stop`: a string or an array of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// The sampling and limit fields chat and completions share.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Sampling {
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub repeat_penalty: Option<f64>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub priority: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    /// airs: the persistent session this message belongs to.
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `prompt`: a string, one string in an array, or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    /// Legacy: the number of most likely tokens to report per position.
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `input` of `POST /v1/embeddings`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/embeddings`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EmbeddingRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub input: EmbeddingInput,
+    /// `float` (default) or `base64` (little-endian f32, what the `openai` client asks for).
+    #[serde(default)]
+    pub encoding_format: Option<String>,
+    #[serde(default)]
+    pub priority: Option<String>,
+}
+
+/// `POST /tokenize` (llama.cpp's).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub content: String,
+    /// Add BOS as the model wants it (default false, as llama.cpp).
+    #[serde(default)]
+    pub add_special: Option<bool>,
+    /// Also return each token's text.
+    #[serde(default)]
+    pub with_pieces: Option<bool>,
+}
+
+/// `POST /detokenize` (llama.cpp's).
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+/// Parse a JSON body of type `T`, with a clear 400 when it is not one.
+pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], what: &str) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "the request body is empty: expected a JSON {what} request"
+        )));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid {what} request: {e}")))
+}
+
+/// How the answer is to be sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Top log-probabilities per token, when asked for.
+    pub logprobs: Option<usize>,
+    pub n: usize,
+}
+
+/// The priority field (interactive unless given).
+pub fn priority(field: Option<&str>) -> Result<Priority, ApiError> {
+    match field {
+        None => Ok(Priority::Interactive),
+        Some(p) => p.parse().map_err(|e: String| ApiError::bad_request(e)),
+    }
+}
+
+/// A seed for requests that give none: different every time (as OpenAI and llama.cpp).
+fn fresh_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut z = t ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 31)
+}
+
+fn finite(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(Some(x as f32)),
+        Some(x) => Err(ApiError::bad_request(format!(
+            "{name} must be between {lo} and {hi}, not {x}"
+        ))),
+    }
+}
+
+/// The runtime's generation parameters and the delivery of `s`, for a model of `context_len`
+/// positions; `logprobs` is the number of top alternatives asked for, if any.
+pub fn generation(
+    s: &Sampling,
+    logprobs: Option<usize>,
+    context_len: usize,
+) -> Result<(GenerationParams, Delivery), ApiError> {
+    let max_tokens = match s.max_completion_tokens.or(s.max_tokens) {
+        None => context_len,
+        Some(m) if m >= 1 => (m as u64).min(context_len as u64) as usize,
+        Some(m) => {
+            return Err(ApiError::bad_request(format!(
+                "max_tokens must be at least 1, not {m}"
+            )));
+        }
+    };
+    let n = match s.n {
+        None => 1,
+        Some(n) if (1..=16).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "n must be between 1 and 16, not {n}"
+            )));
+        }
+    };
+    let stop = match &s.stop {
+        None => Vec::new(),
+        Some(Stop::One(t)) => vec![t.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_STOPS} stop strings, not {}",
+            stop.len()
+        )));
+    }
+    let top_k = match s.top_k {
+        None => 40,
+        Some(k) if k <= 0 => 0,
+        Some(k) => k.min(1 << 20) as usize,
+    };
+    let d = SamplerConfig::default();
+    let sampler = SamplerConfig {
+        temperature: finite("temperature", s.temperature, 0.0, 100.0)?.unwrap_or(0.8),
+        top_k,
+        // top_p 0 keeps only the most likely token (the nucleus needs a positive bound).
+        top_p: finite("top_p", s.top_p, 0.0, 1.0)?.map_or(0.95, |p| p.max(f32::MIN_POSITIVE)),
+        min_p: finite("min_p", s.min_p, 0.0, 1.0)?.unwrap_or(0.05),
+        repeat_penalty: finite("repeat_penalty", s.repeat_penalty, 0.0, 100.0)?
+            .filter(|&p| p > 0.0)
+            .unwrap_or(1.0),
+        presence_penalty: finite("presence_penalty", s.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: finite("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?
+            .unwrap_or(0.0),
+        seed: s.seed.map_or_else(fresh_seed, |x| x as u64),
+        ..d
+    };
+    let params = GenerationParams {
+        max_tokens,
+        stop,
+        sampler,
+        logprobs,
+        n,
+        ignore_eos: false,
+    };
+    let delivery = Delivery {
+        stream: s.stream.unwrap_or(false),
+        include_usage: s
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        logprobs,
+        n,
+    };
+    Ok((params, delivery))
+}
+
+/// A message's text: the string, or its text parts joined.
+fn text_of(m: &Message) -> Result<String, ApiError> {
+    match &m.content {
+        None => Ok(String::new()),
+        Some(Content::Text(t)) => Ok(t.clone()),
+        Some(Content::Parts(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                if p.kind != "text" {
+                    return Err(ApiError::bad_request(format!(
+                        "content parts of type {:?} are not supported (only \"text\")",
+                        p.kind
+                    )));
+                }
+                out.push_str(p.text.as_deref().unwrap_or(""));
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// A message's role as the chat template knows it.
+fn role_of(m: &Message) -> Result<&'static str, ApiError> {
+    match m.role.as_str() {
+        "system" | "developer" => Ok("system"),
+        "user" => Ok("user"),
+        "assistant" => Ok("assistant"),
+        other => Err(ApiError::bad_request(format!(
+            "messages with role {other:?} are not supported (system, user, assistant)"
+        ))),
+    }
+}
+
+/// A chat request as the runtime's request, and how to deliver its answer. The chat template
+/// is applied by the runtime (`Prompt::Chat`), or, for a session, to the session's history.
+pub fn chat_request(
+    req: &ChatRequest,
+    model: &LoadedModel,
+) -> Result<(Request, Delivery), ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty"));
+    }
+    if req.messages.len() > MAX_MESSAGES {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_MESSAGES} messages, not {}",
+            req.messages.len()
+        )));
+    }
+    let logprobs = if req.logprobs.unwrap_or(false) {
+        Some(match req.top_logprobs {
+            None => 0,
+            Some(k) if (0..=20).contains(&k) => k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_request(format!(
+                    "top_logprobs must be between 0 and 20, not {k}"
+                )));
+            }
+        })
+    } else {
+        None
+    };
+    let (params, delivery) = generation(&req.sampling, logprobs, model.context_len())?;
+    let priority = priority(req.sampling.priority.as_deref())?;
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        messages.push(ChatMessage::new(role_of(m)?, text_of(m)?));
+    }
+    let request = match &req.session {
+        None => Request::generate(Prompt::Chat(messages), params),
+        Some(name) => {
+            if name.is_empty() || name.len() > 256 {
+                return Err(ApiError::bad_request(
+                    "session names are 1 to 256 bytes long",
+                ));
+            }
+            if delivery.n > 1 {
+                return Err(ApiError::bad_request(
+                    "a session turn generates one choice (n = 1)",
+                ));
+            }
+            // The client sends only the new message (after a system message for a new
+            // session): the server holds the rest of the conversation.
+            let (system, user) = match messages.as_slice() {
+                [u] if u.role == "user" => (None, u.content.clone()),
+                [s, u] if s.role == "system" && u.role == "user" => {
+                    (Some(s.content.clone()), u.content.clone())
+                }
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "with `session`, send only the new user message (optionally after a \
+                         system message that opens a new session): the server keeps the \
+                         conversation",
+                    ));
+                }
+            };
+            let mut r = Request::turn(name, &user, params);
+            r.session = Some(SessionTurn {
+                name: name.clone(),
+                system,
+            });
+            r
+        }
+    };
+    Ok((request.with_priority(priority), delivery))
+}
+
+/// A completion request as the runtime's request, and how to deliver its answer.
+pub fn completion_request(
+    req: &CompletionRequest,
+    model: &LoadedModel,
+) -> Result<(Request, Delivery), ApiError> {
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(k) if (0..=20).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "logprobs must be between 0 and 20, not {k}"
+            )));
+        }
+    };
+    let (params, delivery) = generation(&req.sampling, logprobs, model.context_len())?;
+    let priority = priority(req.sampling.priority.as_deref())?;
+    let prompt = match &req.prompt {
+        PromptInput::Text(t) => Prompt::Text(t.clone()),
+        PromptInput::Tokens(t) => Prompt::Tokens(t.clone()),
+        PromptInput::Texts(v) if v.len() == 1 => Prompt::Text(v[0].clone()),
+        PromptInput::TokenLists(v) if v.len() == 1 => Prompt::Tokens(v[0].clone()),
+        _ => {
+            return Err(ApiError::bad_request(
+                "airs takes one prompt per completion request (a string or token ids)",
+            ));
+        }
+    };
+    Ok((
+        Request::generate(prompt, params).with_priority(priority),
+        delivery,
+    ))
+}
+
+/// The prompts of an embedding request (each becomes one request), and whether to answer in
+/// base64.
+pub fn embedding_requests(req: &EmbeddingRequest) -> Result<(Vec<Request>, bool), ApiError> {
+    let priority = priority(req.priority.as_deref())?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "encoding_format must be \"float\" or \"base64\", not {other:?}"
+            )));
+        }
+    };
+    let prompts: Vec<Prompt> = match &req.input {
+        EmbeddingInput::Text(t) => vec![Prompt::Text(t.clone())],
+        EmbeddingInput::Texts(v) => v.iter().map(|t| Prompt::Text(t.clone())).collect(),
+        EmbeddingInput::Tokens(t) => vec![Prompt::Tokens(t.clone())],
+        EmbeddingInput::TokenLists(v) => v.iter().map(|t| Prompt::Tokens(t.clone())).collect(),
+    };
+    if prompts.is_empty() || prompts.len() > 256 {
+        return Err(ApiError::bad_request("input holds 1 to 256 prompts"));
+    }
+    Ok((
+        prompts
+            .into_iter()
+            .map(|p| Request::embed(p).with_priority(priority))
+            .collect(),
+        base64,
+    ))
+}
+
+/// Standard base64 (RFC 4648, with padding) of `bytes`.
+pub fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let b = [
+            c[0],
+            c.get(1).copied().unwrap_or(0),
+            c.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if i <= c.len() {
+                out.push(T[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn bodies_of_the_wrong_shape_are_400s_that_say_what_is_wrong() {
+        let e = parse::<ChatRequest>(b"", "chat").unwrap_err();
+        assert!(e.message.contains("empty"), "{e:?}");
+        let e = parse::<ChatRequest>(b"{\"messages\": 5}", "chat").unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("invalid chat request"), "{e:?}");
+        let e = parse::<ChatRequest>(b"{\"model\": \"x\"}", "chat").unwrap_err();
+        assert!(e.message.contains("messages"), "{e:?}");
+        let ok = parse::<ChatRequest>(
+            br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                 "some_future_field": {"x": 1}, "stop": "END", "max_tokens": 5}"#,
+            "chat",
+        )
+        .unwrap();
+        assert!(matches!(ok.sampling.stop, Some(Stop::One(_))));
+    }
+
+    #[test]
+    fn sampling_fields_are_checked_and_defaulted() {
+        let s = Sampling {
+            temperature: Some(-1.0),
+            ..Sampling::default()
+        };
+        assert!(generation(&s, None, 100).is_err());
+        let s = Sampling {
+            max_tokens: Some(0),
+            ..Sampling::default()
+        };
+        assert!(generation(&s, None, 100).is_err());
+        let (p, d) = generation(&Sampling::default(), None, 100).unwrap();
+        assert_eq!(p.max_tokens, 100);
+        assert_eq!((p.sampler.top_k, d.n, d.stream), (40, 1, false));
+        let s = Sampling {
+            max_completion_tokens: Some(7),
+            max_tokens: Some(9),
+            seed: Some(-1),
+            top_k: Some(-1),
+            ..Sampling::default()
+        };
+        let (p, _) = generation(&s, None, 100).unwrap();
+        assert_eq!(
+            (p.max_tokens, p.sampler.seed, p.sampler.top_k),
+            (7, u64::MAX, 0)
+        );
+    }
+}
