@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build and run the `gguf_parse` fuzz target (Gguf::parse + every view of an accepted file:
-# metadata arrays walked recursively, tensor data, LayerMap, ModelConfig) for N seconds.
+# Build and run a fuzz target for N seconds: `gguf_parse` (Gguf::parse + every view of an
+# accepted file: metadata arrays walked recursively, tensor data, LayerMap, ModelConfig) by
+# default, or `openai_request` (the server's request bodies, through chat templates).
 #
 #   fuzz/run.sh [SECONDS=600] [extra libFuzzer flags...]
+#   TARGET=openai_request fuzz/run.sh 660
 #   SANITIZER=none fuzz/run.sh 60      # without AddressSanitizer
 #
 # Needs cargo-fuzz (`cargo install cargo-fuzz`). The toolchain is stable, so RUSTC_BOOTSTRAP=1
@@ -24,15 +26,21 @@ san=${SANITIZER:-address}
 max_len=${MAX_LEN:-65536}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
-corpus=$here/corpus/gguf_parse
+target=${TARGET:-gguf_parse}
+corpus=$here/corpus/$target
 mkdir -p "$corpus"
-for f in "$root"/models/stories260K.gguf "$root"/testdata/tokenizer/*.gguf; do
-    dest=$corpus/real-$(basename "$f")
-    [ -e "$dest" ] || head -c "$max_len" "$f" >"$dest"
-done
+if [ "$target" = gguf_parse ]; then
+    seeds=$here/seeds
+    for f in "$root"/models/stories260K.gguf "$root"/testdata/tokenizer/*.gguf; do
+        dest=$corpus/real-$(basename "$f")
+        [ -e "$dest" ] || head -c "$max_len" "$f" >"$dest"
+    done
+else
+    seeds=$here/seeds_$target
+fi
 cd "$here"
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -s "$san" gguf_parse
-exec cargo fuzz run -s "$san" gguf_parse "$corpus" "$here/seeds" -- \
+cargo fuzz build -s "$san" "$target"
+exec cargo fuzz run -s "$san" "$target" "$corpus" "$seeds" -- \
     -max_len="$max_len" -max_total_time="$secs" -malloc_limit_mb=64 -rss_limit_mb=2048 \
     -print_final_stats=1 -timeout=10 "$@"

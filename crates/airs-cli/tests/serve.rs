@@ -290,6 +290,43 @@ fn a_bounded_load_gets_only_documented_statuses_and_memory_returns_to_idle() {
     assert!(out.contains("PASS load"));
 }
 
+/// The suite's `session` scenario for session `name` on `server`: `turns` ("a|b|c"), replies of
+/// up to `max_tokens`, the last one streamed if `stream_last`; stdout piped.
+fn session_client(
+    server: &Server,
+    name: &str,
+    turns: &str,
+    max_tokens: &str,
+    stream_last: bool,
+) -> Child {
+    let mut c = Command::new(airs_testdata::python_with_openai());
+    c.arg(suite())
+        .args([
+            "session",
+            "--base",
+            &server.base(),
+            "--key",
+            KEY,
+            "--model",
+            "stories260K",
+        ])
+        .args([
+            "--session",
+            name,
+            "--turns",
+            turns,
+            "--max-tokens",
+            max_tokens,
+        ]);
+    if stream_last {
+        c.arg("--stream-last");
+    }
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Sends `turns` ("a|b|c") of session "story"; the ACKed reply texts.
 fn session_turns(server: &Server, turns: &str, stream_last: bool) -> Vec<String> {
     let mut args = vec![
@@ -355,30 +392,7 @@ fn sigkill_mid_session_stream_loses_no_acknowledged_message_and_the_session_cont
     let acked = session_turns(&server, &TURNS[..2].join("|"), false);
     assert_eq!(acked, want[..2]);
     // Turn 3 streamed, the server killed in the middle of it.
-    let mut client = Command::new(airs_testdata::python_with_openai())
-        .arg(suite())
-        .args([
-            "session",
-            "--base",
-            &server.base(),
-            "--key",
-            KEY,
-            "--model",
-            "stories260K",
-        ])
-        .args([
-            "--session",
-            "story",
-            "--turns",
-            TURNS[2],
-            "--max-tokens",
-            "400",
-        ])
-        .arg("--stream-last")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut client = session_client(&server, "story", TURNS[2], "400", true);
     let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     assert!(first.starts_with("CHUNK"), "{first}");
@@ -419,22 +433,7 @@ fn sigterm_during_requests_exits_0_with_histories_intact() {
     let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
     let mut clients = Vec::new();
     for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
-        let mut c = Command::new(airs_testdata::python_with_openai())
-            .arg(suite())
-            .args([
-                "session",
-                "--base",
-                &server.base(),
-                "--key",
-                KEY,
-                "--model",
-                "stories260K",
-            ])
-            .args(["--session", name, "--turns", turns, "--max-tokens", "300"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut c = session_client(&server, name, turns, "300", false);
         let out = c.stdout.take().unwrap();
         let tx = tx.clone();
         std::thread::spawn(move || {
