@@ -269,13 +269,22 @@ pub fn matmul(
                 return Ok(());
             }
             Some((kind, act)) => {
-                // Too few tokens to pay for the repack: the decode kernel, token by token
-                // (bit-identical to the tiled kernel, so results never depend on batching).
-                for t in 0..tokens {
-                    let a = &acts[t * act_row_bytes..(t + 1) * act_row_bytes];
-                    let o = &mut out[t * out_stride..t * out_stride + rows];
-                    tiled::decode(isa, ty, kind, act, n, w_rows, w_row_bytes, a, o);
-                }
+                // Too few tokens to pay for the repack: the decode kernels, which read the
+                // weights in place (bit-identical to the tiled kernel, so results never
+                // depend on batching).
+                let acts = &acts[..tokens * act_row_bytes];
+                tiled::decode(
+                    isa,
+                    ty,
+                    kind,
+                    act,
+                    n,
+                    w_rows,
+                    w_row_bytes,
+                    acts,
+                    out,
+                    out_stride,
+                );
                 return Ok(());
             }
             _ => {}

@@ -665,15 +665,28 @@ pub(crate) fn rows_per_pass(kind: Kind, n: usize, tile_rows: usize) -> usize {
     (REPACK_BUDGET / tile).max(1) * tile_rows
 }
 
-/// Whether `tokens` activation rows pay for repacking the weights of a `kind` (measured on
-/// Zen 5 against the decode kernels run per token).
+/// Whether `tokens` activation rows pay for repacking the weights of a `kind`: measured
+/// against the decode kernels, which read weights in place — on x86 for up to
+/// `x86_decode::MAX_TOKENS` tokens at once (a small batch streams the weights once without a
+/// repack), on NEON one token at a time.
 pub(crate) fn worth_tiling(kind: Kind, tokens: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let (legacy, k) = (DECODE_BATCH_LEGACY, DECODE_BATCH_K);
+    #[cfg(not(target_arch = "x86_64"))]
+    let (legacy, k) = (2, 3);
     tokens
         >= match kind {
-            Kind::Legacy { .. } => 2,
-            Kind::K { .. } => 3,
+            Kind::Legacy { .. } => legacy,
+            Kind::K { .. } => k,
         }
 }
+
+/// Fewest tokens the x86 tiled kernels take for legacy and k-quant weights (below, the
+/// multi-token decode kernels run).
+#[cfg(target_arch = "x86_64")]
+const DECODE_BATCH_LEGACY: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const DECODE_BATCH_K: usize = 4;
 
 /// Whether `isa` has tiled kernels on this CPU.
 pub(crate) fn available(isa: crate::Isa) -> bool {
@@ -739,29 +752,49 @@ pub(crate) fn decode(
     n: usize,
     w_rows: &[u8],
     row_bytes: usize,
-    act: &[u8],
+    acts: &[u8],
     out: &mut [f32],
+    out_stride: usize,
 ) {
     assert!(
         available(isa),
         "tiled::decode without a tiled kernel for {isa:?}"
     );
+    let act_bytes = act_type.row_bytes(n);
+    let tokens = acts.len() / act_bytes.max(1);
     #[cfg(target_arch = "x86_64")]
     if x86_decode::supported(ty) {
-        // SAFETY: `available` verified AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the geometry
-        // is the caller's (lib.rs checks it) and `run` re-asserts it.
-        unsafe { x86_decode::run(ty, n, w_rows, row_bytes, act, out) };
+        for (g, group) in acts.chunks(x86_decode::MAX_TOKENS * act_bytes).enumerate() {
+            let first = g * x86_decode::MAX_TOKENS;
+            // SAFETY: `available` verified AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the
+            // geometry is the caller's (lib.rs checks it) and `run` re-asserts it.
+            unsafe {
+                x86_decode::run(
+                    ty,
+                    n,
+                    w_rows,
+                    row_bytes,
+                    group,
+                    &mut out[first * out_stride..],
+                    out_stride,
+                )
+            };
+        }
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if neon::decode_supported(ty) {
-        // SAFETY: `available` verified NEON and the dot-product extension; the geometry is the
-        // caller's (lib.rs checks it) and `decode` re-asserts it.
-        unsafe { neon::decode(ty, n, w_rows, row_bytes, act, out) };
+        for (t, a) in acts.chunks_exact(act_bytes).enumerate() {
+            let rows = w_rows.len() / row_bytes;
+            let o = &mut out[t * out_stride..t * out_stride + rows];
+            // SAFETY: `available` verified NEON and the dot-product extension; the geometry is
+            // the caller's (lib.rs checks it) and `decode` re-asserts it.
+            unsafe { neon::decode(ty, n, w_rows, row_bytes, a, o) };
+        }
         return;
     }
     with_prep_buffer(|prep| {
-        prepare(kind, act_type, n, act, 1, prep);
-        run(isa, ty, kind, n, w_rows, row_bytes, prep, out, 0);
+        prepare(kind, act_type, n, acts, tokens, prep);
+        run(isa, ty, kind, n, w_rows, row_bytes, prep, out, out_stride);
     });
 }

@@ -1,6 +1,9 @@
-//! AVX-512 VNNI decode kernels (one activation row), 16 weight rows per pass with one row per
-//! 32-bit lane of the result, bit-identical to the scalar reference (and so to the tiled
-//! prefill kernels).
+//! AVX-512 VNNI decode kernels: up to [`MAX_TOKENS`] activation rows against weight rows read
+//! in place (no repack), 16 weight rows per pass with one row per 32-bit lane of the result,
+//! bit-identical to the scalar reference (and so to the tiled prefill kernels). Each weight
+//! block is loaded and unpacked once for all the tokens, so a small batch (several sequences'
+//! decode rows in one step) streams the weights once at about the cost of reading them, where
+//! the tiled kernels would first repack every weight row.
 //!
 //! Legacy quants: per block, two rows' codes share one 512-bit register in their natural
 //! layout (row A in the low 256 bits, row B in the high), and one `vpdpbusd` against the
@@ -28,6 +31,9 @@ use crate::GgmlType;
 
 /// Rows per pass.
 const ROWS: usize = 16;
+
+/// Most activation rows one call takes (callers pass more in groups of this many).
+pub(super) const MAX_TOKENS: usize = 16;
 
 /// Row (A, B) of register p: the reduction tree below returns lane r = row r for this order.
 const PAIR_ROWS: [(usize, usize); 8] = [
@@ -189,81 +195,107 @@ fn f16_lo(v: __m512i) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
 }
 
-/// `out[r] = row r · act` for the rows of `w` (whole rows of `row_bytes`, type `ty` with `n`
-/// values) and one activation row `act` in `ty`'s activation encoding.
+/// `out[t · out_stride + r] = row r · act t` for the rows of `w` (whole rows of `row_bytes`,
+/// type `ty` with `n` values) and the activation rows `acts` (1 to [`MAX_TOKENS`] rows in `ty`'s
+/// activation encoding).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `supported(ty)`;
-/// `row_bytes` is `ty`'s row size for `n`, `act` its activation row size, and `out` holds the
-/// rows (the caller checks the geometry).
+/// `row_bytes` is `ty`'s row size for `n`, `acts` whole activation rows, and `out` holds the
+/// rows of every token (the caller checks the geometry; this re-asserts it).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
     ty: GgmlType,
     n: usize,
     w: &[u8],
     row_bytes: usize,
-    act: &[u8],
+    acts: &[u8],
     out: &mut [f32],
+    out_stride: usize,
 ) {
     use GgmlType as G;
     let rows = w.len() / row_bytes;
+    let act_bytes = crate::act_type(ty).map_or(usize::MAX, |a| a.row_bytes(n));
+    let tokens = acts.len() / act_bytes.max(1);
     assert!(
-        out.len() >= rows
+        (1..=MAX_TOKENS).contains(&tokens)
+            && acts.len() == tokens * act_bytes
+            && (tokens == 1 || out_stride >= rows)
+            && out.len() >= (tokens - 1) * out_stride + rows
             && w.len() == rows * row_bytes
             && row_bytes == crate::check_row(ty, n).unwrap_or(usize::MAX)
-            && act.len() == crate::act_type(ty).map_or(usize::MAX, |a| a.row_bytes(n))
             && row_bytes * ROWS < i32::MAX as usize,
         "decode geometry"
     );
-    let side = ActSide::new(ty, n, act);
-    let q6k_init: Vec<__m512i> = if ty == G::Q6K {
-        act.as_chunks::<292>().0[..n / 256]
-            .iter()
-            .flat_map(|y| {
-                (0..4).map(|i| {
-                    // SAFETY: bytes 4 + 64i .. 68 + 64i of the superblock are readable.
-                    let v = unsafe { _mm512_loadu_si512(y[4 + 64 * i..].as_ptr().cast()) };
-                    neg_offset(32, v)
-                })
+    let act: Vec<&[u8]> = acts.chunks_exact(act_bytes).collect();
+    let sides: Vec<ActSide> = act.iter().map(|a| ActSide::new(ty, n, a)).collect();
+    let q6k_init: Vec<Vec<__m512i>> = if ty == G::Q6K {
+        act.iter()
+            .map(|a| {
+                a.as_chunks::<292>().0[..n / 256]
+                    .iter()
+                    .flat_map(|y| {
+                        (0..4).map(|i| {
+                            // SAFETY: bytes 4 + 64i .. 68 + 64i of the superblock are readable.
+                            let v = unsafe { _mm512_loadu_si512(y[4 + 64 * i..].as_ptr().cast()) };
+                            neg_offset(32, v)
+                        })
+                    })
+                    .collect()
             })
             .collect()
     } else {
         Vec::new()
     };
+    let mut f = [_mm512_setzero_ps(); MAX_TOKENS];
+    let f = &mut f[..tokens];
     for r0 in (0..rows).step_by(ROWS) {
         let nrows = (rows - r0).min(ROWS);
         let group = &w[r0 * row_bytes..(r0 + nrows) * row_bytes];
         let g = Rows::new(group.as_ptr(), row_bytes, nrows);
-        // SAFETY: `g` addresses rows r0..r0+nrows of `w` (clamped), `act` and `side` are the
-        // activation row of this geometry (asserted), and every kernel reads only inside the
+        // SAFETY: `g` addresses rows r0..r0+nrows of `w` (clamped), `act` and `sides` are the
+        // activation rows of this geometry (asserted), and every kernel reads only inside the
         // blocks its layout names; CPU features are this fn's.
-        let f = unsafe {
+        unsafe {
             match ty {
-                G::Q8_0 => legacy::<0>(&g, n / 32, act, &side),
-                G::Q4_0 => legacy::<1>(&g, n / 32, act, &side),
-                G::Q5_0 => legacy::<2>(&g, n / 32, act, &side),
-                G::Q4_1 => legacy::<3>(&g, n / 32, act, &side),
-                G::Q5_1 => legacy::<4>(&g, n / 32, act, &side),
-                G::Q4K => k4::<false>(group, row_bytes, n / 256, act, &side),
-                G::Q5K => k4::<true>(group, row_bytes, n / 256, act, &side),
-                G::Q6K => q6k(group, row_bytes, n / 256, act, &side, &q6k_init),
+                G::Q8_0 => legacy::<0>(&g, n / 32, &act, &sides, f),
+                G::Q4_0 => legacy::<1>(&g, n / 32, &act, &sides, f),
+                G::Q5_0 => legacy::<2>(&g, n / 32, &act, &sides, f),
+                G::Q4_1 => legacy::<3>(&g, n / 32, &act, &sides, f),
+                G::Q5_1 => legacy::<4>(&g, n / 32, &act, &sides, f),
+                G::Q4K => k4::<false>(group, row_bytes, n / 256, &act, &sides, f),
+                G::Q5K => k4::<true>(group, row_bytes, n / 256, &act, &sides, f),
+                G::Q6K => q6k(group, row_bytes, n / 256, &act, &sides, &q6k_init, f),
                 _ => unreachable!("decode kernel for {ty}"),
             }
-        };
+        }
         let mask = ((1u32 << nrows) - 1) as __mmask16;
-        // SAFETY: lanes < nrows are out[r0..r0 + nrows], inside `out` (asserted).
-        unsafe { _mm512_mask_storeu_ps(out[r0..].as_mut_ptr(), mask, f) };
+        for (t, &ft) in f.iter().enumerate() {
+            // SAFETY: lanes < nrows are out[t·stride + r0 ..][..nrows], inside `out`
+            // (asserted).
+            unsafe { _mm512_mask_storeu_ps(out[t * out_stride + r0..].as_mut_ptr(), mask, ft) };
+        }
     }
 }
 
-/// Legacy types: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; 16 rows in lanes.
+/// Legacy types: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; 16 rows in lanes,
+/// `f[t]` the dots with activation row `t`. Each block's codes are unpacked once for all the
+/// tokens; every token then runs exactly the one-token arithmetic.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI; `g` addresses ≥ 1 rows of `nb` blocks of the type; `act` holds `nb`
-/// Q8_0 blocks and `side` was built from it.
+/// AVX-512 F/BW/VL/VNNI; `g` addresses ≥ 1 rows of `nb` blocks of the type; every `act[t]`
+/// holds `nb` Q8_0 blocks and `side[t]` was built from it.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn legacy<const TY: u8>(g: &Rows, nb: usize, act: &[u8], side: &ActSide) -> __m512 {
+// `b` indexes the weight rows' blocks and every token's activation blocks alike.
+#[allow(clippy::needless_range_loop)]
+unsafe fn legacy<const TY: u8>(
+    g: &Rows,
+    nb: usize,
+    act: &[&[u8]],
+    side: &[ActSide],
+    f: &mut [__m512],
+) {
     let (bytes, qs_off, qh_off, off): (usize, usize, usize, u8) = match TY {
         0 => (34, 2, 0, 128),
         1 => (18, 2, 0, 8),
@@ -272,25 +304,21 @@ unsafe fn legacy<const TY: u8>(g: &Rows, nb: usize, act: &[u8], side: &ActSide) 
         _ => (24, 8, 4, 0),
     };
     let affine = TY >= 3;
-    let blocks = act.as_chunks::<34>().0;
-    assert!(blocks.len() >= nb && side.dy.len() >= nb && (!affine || side.ms.len() >= nb));
-    let mut f = _mm512_setzero_ps();
-    for (b, y) in blocks.iter().take(nb).enumerate() {
+    let blocks: Vec<&[[u8; 34]]> = act.iter().map(|a| a.as_chunks::<34>().0).collect();
+    for (b, s) in blocks.iter().zip(side) {
+        assert!(b.len() >= nb && s.dy.len() >= nb && (!affine || s.ms.len() >= nb));
+    }
+    f.fill(_mm512_setzero_ps());
+    for b in 0..nb {
         g.prefetch_next(b, nb);
         // SAFETY: every row pointer is `g.at(r, bytes·b + k)` with k + length ≤ `bytes` (qs at
         // `qs_off`, 16 or 32 bytes; qh at `qh_off`, 4 bytes; d at 0, 4 bytes incl. the next
-        // field), inside block b of an existing row.
+        // field), inside block b of an existing row; activation blocks b exist (asserted).
         unsafe {
-            let qy = _mm512_broadcast_i64x4(load256(y[2..].as_ptr()));
-            let init = if off == 0 {
-                _mm512_setzero_si512()
-            } else {
-                neg_offset(off, qy)
-            };
             let base = bytes * b;
-            let mut z = [_mm512_setzero_si512(); 8];
+            let mut codes = [_mm512_setzero_si512(); 8];
             for (p, &(ra, rb)) in PAIR_ROWS.iter().enumerate() {
-                let codes = match TY {
+                codes[p] = match TY {
                     0 => {
                         let v = join(load256(g.at(ra, base + 2)), load256(g.at(rb, base + 2)));
                         _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8))
@@ -303,21 +331,33 @@ unsafe fn legacy<const TY: u8>(g: &Rows, nb: usize, act: &[u8], side: &ActSide) 
                         _mm512_mask_add_epi8(q, _cvtu64_mask64(qh), q, _mm512_set1_epi8(0x10))
                     }
                 };
-                z[p] = _mm512_dpbusd_epi32(init, codes, qy);
             }
-            let idot = fold32(&z);
             let dm = g.gather(base);
             let d = f16_lo(dm);
-            let dy = _mm512_set1_ps(side.dy[b]);
-            let mut p = _mm512_mul_ps(_mm512_cvtepi32_ps(idot), _mm512_mul_ps(d, dy));
-            if affine {
-                let m = f16_lo(_mm512_srli_epi32::<16>(dm));
-                p = _mm512_add_ps(p, _mm512_mul_ps(m, _mm512_set1_ps(side.ms[b])));
+            let m = if affine {
+                f16_lo(_mm512_srli_epi32::<16>(dm))
+            } else {
+                _mm512_setzero_ps()
+            };
+            for (t, ft) in f.iter_mut().enumerate() {
+                let qy = _mm512_broadcast_i64x4(load256(blocks[t][b][2..].as_ptr()));
+                let init = if off == 0 {
+                    _mm512_setzero_si512()
+                } else {
+                    neg_offset(off, qy)
+                };
+                let z: [__m512i; 8] =
+                    std::array::from_fn(|p| _mm512_dpbusd_epi32(init, codes[p], qy));
+                let idot = fold32(&z);
+                let dy = _mm512_set1_ps(side[t].dy[b]);
+                let mut p = _mm512_mul_ps(_mm512_cvtepi32_ps(idot), _mm512_mul_ps(d, dy));
+                if affine {
+                    p = _mm512_add_ps(p, _mm512_mul_ps(m, _mm512_set1_ps(side[t].ms[b])));
+                }
+                *ft = _mm512_add_ps(*ft, p);
             }
-            f = _mm512_add_ps(f, p);
         }
     }
-    f
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,7 +374,7 @@ type KBuf = Vec<[[u32; ROWS]; 4]>;
 /// Phase 2: the float steps over the phase-1 buffer, lane r = row r.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn k_replay(buf: &KBuf, dy: &[f32], min: bool) -> __m512 {
+fn k_replay(buf: &[[[u32; ROWS]; 4]], dy: &[f32], min: bool) -> __m512 {
     let mut f = _mm512_setzero_ps();
     for (sb, &dy) in buf.iter().zip(dy) {
         // SAFETY: each array is 16 readable u32.
@@ -429,26 +469,29 @@ fn unpack_k4_scales(v: __m128i) -> __m128i {
 /// most 4·31·127, so `vpackssdw` to i16 is exact), then `vpmaddwd` / `vpdpwssd` apply the
 /// scales of 4 sub-blocks at once; mins via `vpmaddwd` on the activation's 16-value sums.
 ///
+/// A superblock's codes are unpacked once for all the tokens (`f[t]`: the dots with
+/// activation row `t`).
+///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI; `w` holds ≤ 16 rows of `row_bytes` = `nsb` superblocks; `act` is
-/// the Q8_K activation row and `side` was built from it.
+/// AVX-512 F/BW/VL/VNNI; `w` holds ≤ 16 rows of `row_bytes` = `nsb` superblocks; every
+/// `act[t]` is a Q8_K activation row and `side[t]` was built from it.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn k4<const FIVE: bool>(
     w: &[u8],
     row_bytes: usize,
     nsb: usize,
-    act: &[u8],
-    side: &ActSide,
-) -> __m512 {
+    act: &[&[u8]],
+    side: &[ActSide],
+    f: &mut [__m512],
+) {
     let (bytes, qs_off) = if FIVE { (176, 48) } else { (144, 16) };
-    let sbs = act.as_chunks::<292>().0;
-    assert!(
-        sbs.len() >= nsb
-            && side.dy.len() >= nsb
-            && row_bytes == nsb * bytes
-            && w.len() <= ROWS * row_bytes
-    );
+    let sbs: Vec<&[[u8; 292]]> = act.iter().map(|a| a.as_chunks::<292>().0).collect();
+    for (y, s) in sbs.iter().zip(side) {
+        assert!(y.len() >= nsb && s.dy.len() >= nsb);
+    }
+    assert!(row_bytes == nsb * bytes && w.len() <= ROWS * row_bytes);
+    let tokens = act.len();
     let m4 = _mm512_set1_epi8(0x0F);
     // packs(r0, r1) holds sub-blocks [0, 2] in 128-bit lanes 0-1 and [1, 3] in lanes 2-3.
     let shuf01 = vec8(const { widen_ctrl([two(0, 2), two(0, 2), two(1, 3), two(1, 3)]) });
@@ -464,32 +507,25 @@ unsafe fn k4<const FIVE: bool>(
             ])
         },
     );
-    let mut buf: KBuf = vec![[[0; ROWS]; 4]; nsb];
+    // Token t's superblock s is `buf[t · nsb + s]`.
+    let mut buf: KBuf = vec![[[0; ROWS]; 4]; tokens * nsb];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        for (s, y) in sbs.iter().take(nsb).enumerate() {
+        for s in 0..nsb {
             let x = &row[bytes * s..bytes * (s + 1)];
             prefetch_ahead(x.as_ptr(), bytes);
             // SAFETY: all reads are inside superblock `x` (scales at +4..20 of which 12 are
-            // used, qh at +16..48, qs at `qs_off`..+128) and the activation superblock `y`
+            // used, qh at +16..48, qs at `qs_off`..+128) and the activation superblocks `y`
             // (codes at +4..260, sums at +260..292).
             unsafe {
                 let sc = _mm512_broadcast_i32x4(unpack_k4_scales(_mm_loadu_si128(
                     x[4..].as_ptr().cast(),
                 )));
-                let bsums = load256(y[260..].as_ptr());
-                let mins = _mm256_madd_epi16(
-                    bsums,
-                    _mm256_shuffle_epi8(
-                        _mm512_castsi512_si256(sc),
-                        _mm512_castsi512_si256(mins_ctrl),
-                    ),
-                );
                 let qh = if FIVE {
                     _mm512_broadcast_i64x4(load256(x[16..].as_ptr()))
                 } else {
                     _mm512_setzero_si512()
                 };
-                let dots: [__m512i; 4] = std::array::from_fn(|j| {
+                let codes: [__m512i; 4] = std::array::from_fn(|j| {
                     let q = load256(x[qs_off + 32 * j..].as_ptr());
                     let q = join(q, _mm256_srli_epi16::<4>(q));
                     let mut codes = _mm512_and_si512(q, m4);
@@ -501,29 +537,45 @@ unsafe fn k4<const FIVE: bool>(
                         let k = _mm512_test_epi8_mask(qh, bits);
                         codes = _mm512_mask_add_epi8(codes, k, codes, _mm512_set1_epi8(16));
                     }
-                    let yv = _mm512_loadu_si512(y[4 + 64 * j..].as_ptr().cast());
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, yv)
+                    codes
                 });
-                let p01 = _mm512_packs_epi32(dots[0], dots[1]);
-                let p23 = _mm512_packs_epi32(dots[2], dots[3]);
-                let sumi = _mm512_dpwssd_epi32(
-                    _mm512_madd_epi16(p01, _mm512_shuffle_epi8(sc, shuf01)),
-                    p23,
-                    _mm512_shuffle_epi8(sc, shuf23),
+                let scales_lo = _mm512_shuffle_epi8(sc, shuf01);
+                let scales_hi = _mm512_shuffle_epi8(sc, shuf23);
+                let mins_scales = _mm256_shuffle_epi8(
+                    _mm512_castsi512_si256(sc),
+                    _mm512_castsi512_si256(mins_ctrl),
                 );
-                let out = &mut buf[s];
-                out[0][r] = _mm512_reduce_add_epi32(sumi) as u32;
-                out[1][r] = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(mins)) as u32;
-                out[2][r] = u16_at(x.as_ptr());
-                out[3][r] = u16_at(x[2..].as_ptr());
+                let (d, dmin) = (u16_at(x.as_ptr()), u16_at(x[2..].as_ptr()));
+                for (t, y) in sbs.iter().enumerate() {
+                    let y = &y[s];
+                    let bsums = load256(y[260..].as_ptr());
+                    let mins = _mm256_madd_epi16(bsums, mins_scales);
+                    let dots: [__m512i; 4] = std::array::from_fn(|j| {
+                        let yv = _mm512_loadu_si512(y[4 + 64 * j..].as_ptr().cast());
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[j], yv)
+                    });
+                    let p01 = _mm512_packs_epi32(dots[0], dots[1]);
+                    let p23 = _mm512_packs_epi32(dots[2], dots[3]);
+                    let sumi =
+                        _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, scales_lo), p23, scales_hi);
+                    let out = &mut buf[t * nsb + s];
+                    out[0][r] = _mm512_reduce_add_epi32(sumi) as u32;
+                    out[1][r] = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(mins)) as u32;
+                    out[2][r] = d;
+                    out[3][r] = dmin;
+                }
             }
         }
     }
-    k_replay(&buf, &side.dy, true)
+    for (t, ft) in f.iter_mut().enumerate() {
+        *ft = k_replay(&buf[t * nsb..(t + 1) * nsb], &side[t].dy, true);
+    }
 }
 
 /// Q6_K over `nrows` ≤ 16 whole rows at `w`; `init[4s + i]` is `−32 · Σ4y` per lane of the
 /// activation's 64-byte quarter i of superblock s (removes the −32 offset exactly).
+///
+/// Codes are unpacked once per superblock for all the tokens (`init[t]`, `f[t]`: token t's).
 ///
 /// # Safety
 /// As [`k4`].
@@ -533,18 +585,17 @@ unsafe fn q6k(
     w: &[u8],
     row_bytes: usize,
     nsb: usize,
-    act: &[u8],
-    side: &ActSide,
-    init: &[__m512i],
-) -> __m512 {
-    let sbs = act.as_chunks::<292>().0;
-    assert!(
-        sbs.len() >= nsb
-            && side.dy.len() >= nsb
-            && init.len() >= 4 * nsb
-            && row_bytes == nsb * 210
-            && w.len() <= ROWS * row_bytes
-    );
+    act: &[&[u8]],
+    side: &[ActSide],
+    init: &[Vec<__m512i>],
+    f: &mut [__m512],
+) {
+    let sbs: Vec<&[[u8; 292]]> = act.iter().map(|a| a.as_chunks::<292>().0).collect();
+    for ((y, s), i) in sbs.iter().zip(side).zip(init) {
+        assert!(y.len() >= nsb && s.dy.len() >= nsb && i.len() >= 4 * nsb);
+    }
+    assert!(row_bytes == nsb * 210 && w.len() <= ROWS * row_bytes && init.len() >= act.len());
+    let tokens = act.len();
     let m0f = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
     let sl = join(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
@@ -553,15 +604,17 @@ unsafe fn q6k(
         _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
         _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
     ];
-    let mut buf: KBuf = vec![[[0; ROWS]; 4]; nsb];
+    // Token t's superblock s is `buf[t · nsb + s]`.
+    let mut buf: KBuf = vec![[[0; ROWS]; 4]; tokens * nsb];
+    let mut isum = [_mm512_setzero_si512(); MAX_TOKENS];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        for (s, y) in sbs.iter().take(nsb).enumerate() {
+        for s in 0..nsb {
             let x = &row[210 * s..210 * (s + 1)];
             prefetch_ahead(x.as_ptr(), 210);
             // SAFETY: all reads are inside superblock `x` (ql +0..128, qh +128..192, scales
-            // +192..208, d +208..210) and the activation superblock `y` (codes +4..260).
+            // +192..208, d +208..210) and the activation superblocks `y` (codes +4..260).
             unsafe {
-                let mut isum = _mm512_setzero_si512();
+                isum[..tokens].fill(_mm512_setzero_si512());
                 for h in 0..2 {
                     let ql = _mm512_loadu_si512(x[64 * h..].as_ptr().cast());
                     let qh = _mm512_broadcast_i64x4(load256(x[128 + 32 * h..].as_ptr()));
@@ -576,23 +629,32 @@ unsafe fn q6k(
                         _mm512_srli_epi16::<4>(ql),
                         _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30),
                     );
-                    let ylo = _mm512_loadu_si512(y[4 + 128 * h..].as_ptr().cast());
-                    let yhi = _mm512_loadu_si512(y[68 + 128 * h..].as_ptr().cast());
-                    let dlo = _mm512_dpbusd_epi32(init[4 * s + 2 * h], lo, ylo);
-                    let dhi = _mm512_dpbusd_epi32(init[4 * s + 2 * h + 1], hi, yhi);
                     let sc8 = _mm_loadl_epi64(x[192 + 8 * h..].as_ptr().cast());
                     let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi32(sc8));
                     let (sc_lo, sc_hi) = (
                         _mm512_permutexvar_epi32(quads[0], sc),
                         _mm512_permutexvar_epi32(quads[1], sc),
                     );
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dlo, sc_lo));
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dhi, sc_hi));
+                    for (t, y) in sbs.iter().enumerate() {
+                        let y = &y[s];
+                        let ylo = _mm512_loadu_si512(y[4 + 128 * h..].as_ptr().cast());
+                        let yhi = _mm512_loadu_si512(y[68 + 128 * h..].as_ptr().cast());
+                        let dlo = _mm512_dpbusd_epi32(init[t][4 * s + 2 * h], lo, ylo);
+                        let dhi = _mm512_dpbusd_epi32(init[t][4 * s + 2 * h + 1], hi, yhi);
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dlo, sc_lo));
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dhi, sc_hi));
+                    }
                 }
-                buf[s][0][r] = _mm512_reduce_add_epi32(isum) as u32;
-                buf[s][2][r] = u16_at(x[208..].as_ptr());
+                let d = u16_at(x[208..].as_ptr());
+                for (t, &v) in isum[..tokens].iter().enumerate() {
+                    let out = &mut buf[t * nsb + s];
+                    out[0][r] = _mm512_reduce_add_epi32(v) as u32;
+                    out[2][r] = d;
+                }
             }
         }
     }
-    k_replay(&buf, &side.dy, false)
+    for (t, ft) in f.iter_mut().enumerate() {
+        *ft = k_replay(&buf[t * nsb..(t + 1) * nsb], &side[t].dy, false);
+    }
 }
