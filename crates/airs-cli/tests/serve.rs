@@ -593,3 +593,109 @@ fn the_pool_page_draws_the_live_pool_in_chromium() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two configured models in a model pool that holds one: a request naming the other loads it
+/// after unloading the idle one; while the first model is busy, a request for the other gets
+/// 503 naming what holds the pool.
+#[test]
+fn models_load_on_demand_and_the_idle_one_makes_room() {
+    let _serial = serial();
+    let server = Server::start(&[
+        "--model",
+        &qwen(),
+        "--model",
+        &stories(),
+        // Qwen with its KV pool and scratch takes ~580 MiB, stories260K ~70 MiB: one at a time.
+        "--model-pool",
+        "600M",
+        "--kv-pool",
+        "64M",
+        "--api-key",
+        KEY,
+    ]);
+    let loaded = |s: &Server| -> Vec<String> {
+        s.json("/v1/models")["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["loaded"] == true)
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(loaded(&server), [qwen_id()]);
+    let ask = |model: &str, max_tokens: usize| {
+        let body = format!(
+            r#"{{"model": "{model}", "max_tokens": {max_tokens}, "temperature": 0,
+                "messages": [{{"role": "user", "content": "Once upon a time"}}]}}"#
+        );
+        http(&server.addr, "POST", "/v1/chat/completions", Some(&body))
+    };
+    let (status, body) = ask("stories260K", 8);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(loaded(&server), ["stories260K"], "Qwen made room");
+    let (status, body) = ask(&qwen_id(), 4);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(loaded(&server), [qwen_id()]);
+    let pool = server.json("/v1/pool");
+    assert!(
+        pool["model_pool"]["weights_bytes"].as_u64().unwrap() < 600 << 20,
+        "{pool}"
+    );
+    // Qwen busy with a long request: stories260K cannot be loaded now.
+    let addr = server.addr.clone();
+    let long = std::thread::spawn(move || {
+        let body = format!(
+            r#"{{"model": "{}", "max_tokens": 400, "temperature": 0,
+                "messages": [{{"role": "user", "content": "Tell me a long story."}}]}}"#,
+            qwen_id()
+        );
+        http(&addr, "POST", "/v1/chat/completions", Some(&body))
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.json("/v1/pool")["models"][0]["running"] != 1 {
+        assert!(Instant::now() < deadline, "the long request never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, body) = ask("stories260K", 4);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("model pool") && body.contains("insufficient_memory"),
+        "{body}"
+    );
+    assert_eq!(long.join().unwrap().0, 200);
+}
+
+/// CORS admits pages served from this machine, not other origins.
+#[test]
+fn cors_admits_localhost_origins_only() {
+    let _serial = serial();
+    let server = Server::start(&["--model", &stories()]);
+    let preflight = |origin: &str| -> String {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        let req = format!(
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\n\
+             Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out.to_ascii_lowercase()
+    };
+    for ok in [
+        "http://localhost:3000",
+        "http://127.0.0.1:8080",
+        "http://[::1]:5173",
+    ] {
+        let r = preflight(ok);
+        assert!(
+            r.contains(&format!("access-control-allow-origin: {ok}")),
+            "{ok}: {r}"
+        );
+    }
+    for bad in ["http://evil.example", "http://localhost.evil.example"] {
+        assert!(
+            !preflight(bad).contains("access-control-allow-origin"),
+            "{bad}"
+        );
+    }
+}
