@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and run a fuzz target for N seconds: `gguf_parse` (Gguf::parse + every view of an
 # accepted file: metadata arrays walked recursively, tensor data, LayerMap, ModelConfig) by
-# default, or `openai_request` (the server's request bodies, through chat templates).
+# default, `openai_request` (the server's request bodies, through chat templates) or
+# `kld_reference` (`airs perplexity --kld-ref` files).
 #
 #   fuzz/run.sh [SECONDS=600] [extra libFuzzer flags...]
 #   TARGET=openai_request fuzz/run.sh 660

@@ -9,6 +9,7 @@ mod fit;
 mod gen_model;
 mod inspect;
 mod model_file;
+mod perplexity;
 mod pool_args;
 mod run;
 mod serve;
@@ -68,6 +69,8 @@ enum Command {
     Session(session_cmd::SessionArgs),
     /// Serve models over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Perplexity over a text, and the KL divergence from a reference engine's distributions.
+    Perplexity(perplexity::PerplexityArgs),
     /// Benchmarks (reported as medians; not part of the test suite).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Batch(args)) => bench_batch::run(args),
         Command::Session(args) => session_cmd::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -234,3 +234,43 @@ fn run_charges_weights_kv_and_scratch_to_the_model_pool_and_refuses_what_does_no
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("has no model pool"), "{stderr}");
 }
+
+/// `airs perplexity` on the embedded model: llama-perplexity's chunks and scored positions in
+/// JSON; a reference made for another model is refused in one line naming what differs.
+#[test]
+fn perplexity_reports_chunks_and_refuses_a_reference_of_another_model() {
+    let text = airs_testdata::repo_path("testdata/text/model-memory.md");
+    let v = json_of(&[
+        "perplexity",
+        path_str(&text),
+        "--ctx",
+        "128",
+        "--chunks",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["model"], "stories260K.gguf (embedded)");
+    assert_eq!(
+        (v["chunks"].as_u64(), v["positions"].as_u64()),
+        (Some(2), Some(2 * 63))
+    );
+    let ppl = v["perplexity"].as_f64().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{v}");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0 && v.get("kld").is_none());
+    let qwen_ref = airs_testdata::repo_path(
+        "testdata/reference/qwen2.5-coder-0.5b-q4km.kld-design.kvf16.json",
+    );
+    let out = airs(&[
+        "perplexity",
+        path_str(&text),
+        "--kld-ref",
+        path_str(&qwen_ref),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("vocabulary of 151936 tokens; the model has 512"),
+        "{stderr}"
+    );
+}

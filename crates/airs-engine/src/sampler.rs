@@ -210,12 +210,18 @@ impl Sampler {
     }
 }
 
+/// log Σ exp(logits): what the log-softmax subtracts (computed around the largest logit, summed
+/// in f64).
+pub fn log_partition(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    f64::from(max) + sum.ln()
+}
+
 /// The log-probability of `chosen` and the `top` most likely tokens (most likely first, ties to
 /// the lowest id) under the model's distribution: the log-softmax of `logits`.
 pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_z = max + sum.ln() as f32;
+    let log_z = log_partition(logits) as f32;
     let lp = |l: f32| l - log_z;
     let chosen_lp = logits
         .get(chosen as usize)

@@ -66,6 +66,9 @@ pub enum RuntimeErrorKind {
     /// A workload file could not be read or parsed.
     #[error("workload: {0}")]
     Workload(String),
+    /// A KL-divergence reference is malformed or was made for another text, model or protocol.
+    #[error("KLD reference: {0}")]
+    KldReference(crate::perplexity::KldReferenceError),
 }
 
 /// Error of every fallible runtime operation.
@@ -119,7 +122,8 @@ impl RuntimeError {
             | K::Invalid(_)
             | K::Template(_)
             | K::UnknownSession(_)
-            | K::ModelMismatch { .. } => ErrorClass::BadRequest,
+            | K::ModelMismatch { .. }
+            | K::KldReference(_) => ErrorClass::BadRequest,
             K::QueueFull { .. } => ErrorClass::Overloaded,
             K::PoolExhausted(_) | K::PoolFull(_) | K::ShuttingDown => ErrorClass::Unavailable,
             K::Cancelled => ErrorClass::Cancelled,

@@ -37,6 +37,7 @@ pub mod idle;
 pub mod invariants;
 pub mod metrics;
 pub mod model;
+pub mod perplexity;
 pub mod request;
 pub mod scheduler;
 pub mod service;

@@ -320,6 +320,7 @@ fn embeddings_are_pooled_hidden_states() {
     let mut c = SchedulerConfig::new(8 << 20);
     c.pin = PinPolicy::None;
     c.step_tokens = 16;
+    c.max_running = 4;
     let mut small = Scheduler::new(Arc::clone(&model), c, None).unwrap();
     let chunked = small.serve(Request::embed(Prompt::Text(text))).unwrap();
     assert_eq!(chunked.embedding.unwrap().values, v.values);

@@ -65,6 +65,12 @@ pub fn check_against(reference: &Reference, logits: &[f32], ids: &[u32], tol: f3
             r.logit
         );
     }
+    check_greedy(reference, ids, near_tie);
+}
+
+/// Greedy ids equal to a llama.cpp reference's up to the first step whose reference margin
+/// between the two best logits is below `near_tie`.
+pub fn check_greedy(reference: &Reference, ids: &[u32], near_tie: f32) {
     let must_match = reference.steps_before_near_tie(near_tie).min(ids.len());
     assert_eq!(
         &ids[..must_match],
