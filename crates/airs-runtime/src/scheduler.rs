@@ -506,10 +506,12 @@ impl Scheduler {
         self.sessions.as_ref().map(|s| &s.store)
     }
 
+    #[track_caller]
     fn seq(&self, id: SeqId) -> &Seq {
         self.seqs[id.0 as usize].as_ref().expect("live sequence")
     }
 
+    #[track_caller]
     fn seq_mut(&mut self, id: SeqId) -> &mut Seq {
         self.seqs[id.0 as usize].as_mut().expect("live sequence")
     }
@@ -532,6 +534,21 @@ impl Scheduler {
         self.waiting.retain(|&s| s != id);
         self.free_slots.push(id.0);
         self.seqs[id.0 as usize].take().expect("live sequence")
+    }
+
+    /// Remove request `request`'s sequences among `seqs` that are still live. A slot of a
+    /// choice that already ended may hold another request's sequence by now, so a slot counts
+    /// only while its sequence belongs to `request`.
+    fn remove_seqs_of(&mut self, request: RequestId, seqs: &[SeqId]) {
+        for &s in seqs {
+            let ours = self
+                .seqs
+                .get(s.0 as usize)
+                .is_some_and(|x| x.as_ref().is_some_and(|q| q.request == request));
+            if ours {
+                drop(self.remove_seq(s));
+            }
+        }
     }
 
     fn blocks_for(&self, positions: usize) -> u32 {
@@ -751,11 +768,7 @@ impl Scheduler {
     /// Remove a request and everything it holds; returns it.
     fn end_request(&mut self, id: RequestId) -> Option<Req> {
         let req = self.requests.remove(&id)?;
-        for &s in &req.seqs {
-            if self.seqs.get(s.0 as usize).is_some_and(|x| x.is_some()) {
-                drop(self.remove_seq(s));
-            }
-        }
+        self.remove_seqs_of(id, &req.seqs);
         if let (Some(turn), Some(sessions)) = (&req.turn, self.sessions.as_mut())
             && let Some((sid, _)) = turn.resolved
             && let Some(s) = sessions.open.get_mut(&sid)
@@ -1180,6 +1193,14 @@ impl Scheduler {
                 Admission::Failed(e) => {
                     let request = self.seq(id).request;
                     self.fail(request, e);
+                    // The request's other choices may already be planned for this step.
+                    plan.retain(|p| {
+                        let live = self.seqs[p.seq.0 as usize].is_some();
+                        if !live {
+                            *budget += p.rows;
+                        }
+                        live
+                    });
                 }
             }
         }
@@ -1830,11 +1851,7 @@ impl Scheduler {
         };
         self.stats.completed += 1;
         let _ = (req.sink)(Event::Done(done));
-        for &s in &req.seqs {
-            if self.seqs.get(s.0 as usize).is_some_and(|x| x.is_some()) {
-                drop(self.remove_seq(s));
-            }
-        }
+        self.remove_seqs_of(request, &req.seqs);
     }
 
     // -----------------------------------------------------------------------------------------
