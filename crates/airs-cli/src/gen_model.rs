@@ -9,7 +9,7 @@ use anyhow::Context;
 
 #[derive(clap::Args)]
 pub struct GenModelArgs {
-    /// Model shape: tiny, qwen2-tiny or tinyllama-1.1b.
+    /// Model shape: tiny, qwen2-tiny, qwen3-tiny, llama3-tiny, phi3-tiny or tinyllama-1.1b.
     #[arg(long)]
     shape: String,
     /// Quantization mix: f32, f16, q8_0 or q4_k_m (llama.cpp's Q4_K_M).

@@ -48,6 +48,21 @@ fn report(g: &Gguf<'_>, name: &str) -> Json {
             "rms_eps": c.rms_eps.to_string().parse::<f64>().unwrap_or(f64::from(c.rms_eps)),
             "tied_output": c.tied_output,
             "qkv_bias": c.qkv_bias,
+            "qk_norm": c.qk_norm,
+            "post_norms": c.post_norms,
+            "ffn_activation": format!("{:?}", c.ffn_activation).to_lowercase(),
+            "attention_scale": c.attention_scale,
+            "rope_factors": c.rope_factors.map(|f| f.tensor_name()),
+            "rope_attn_factor": c.rope_attn_factor,
+            "fused_qkv": c.fused_qkv,
+            "fused_gate_up": c.fused_gate_up,
+            "embedding_scale": c.embedding_scale,
+            "sliding_window": c.sliding_window.map(|w| json!({
+                "window": w.window,
+                "global_every": w.global_every,
+                "local_layers": (0..c.layers).filter(|&l| c.layer_window(l).is_some()).count(),
+                "local_rope_base": w.local_rope_base,
+            })),
             "kv_bytes_per_token_f16": airs_engine::KvShape {
                 layers: c.layers,
                 kv_heads: c.kv_heads,
@@ -171,9 +186,29 @@ fn print_text(r: &Json) {
             },
             h["qkv_bias"]
         );
+        if let Some(w) = h["sliding_window"].as_object() {
+            println!(
+                "                sliding window {} on {} of {} layers, local rope base {}",
+                w["window"], w["local_layers"], h["layers"], w["local_rope_base"],
+            );
+        }
         println!(
-            "kv cache        {} bytes per token at f16",
-            h["kv_bytes_per_token_f16"]
+            "                ffn {}, q/k norm {}, post norms {}, attention scale {}, rope factors {}",
+            h["ffn_activation"].as_str().unwrap_or(""),
+            h["qk_norm"],
+            h["post_norms"],
+            h["attention_scale"],
+            h["rope_factors"].as_str().unwrap_or("none"),
+        );
+        println!(
+            "kv cache        {} bytes per token at f16{}",
+            h["kv_bytes_per_token_f16"],
+            if h["sliding_window"].is_object() {
+                " (every layer keeps the whole context: the paged cache does not free blocks \
+                 that fall out of the local layers' window)"
+            } else {
+                ""
+            }
         );
     }
     let t = &r["tokenizer"];

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use airs_testdata::{qwen_path, stories_path};
+use airs_testdata::{gemma_path, qwen_path, stories_path};
 use serde_json::Value;
 
 fn airs(args: &[&str]) -> Output {
@@ -127,6 +127,13 @@ fn predicted_peak_rss_matches_airs_run_on_stories260k() {
 #[test]
 fn predicted_peak_rss_matches_airs_run_on_qwen() {
     check_prediction(&qwen_path(), 1);
+}
+
+/// Gemma 3 270M Q4_K_M: a 262,144-token vocabulary (its logits, sampler and tokenizer tables)
+/// and two RoPE tables per pass (sliding-window layers rotate at their own base).
+#[test]
+fn predicted_peak_rss_matches_airs_run_on_gemma() {
+    check_prediction(&gemma_path(), 1);
 }
 
 #[test]

@@ -40,6 +40,8 @@ pub struct ModelShape {
     pub vocab: u64,
     pub context_len: u64,
     pub rope_dims: u64,
+    /// RoPE tables a pass builds: 2 where sliding-window layers rotate at their own base.
+    pub rope_tables: u64,
     /// Bytes per activation row of the quantized copies of the layer matmul inputs: the sum
     /// over the activation encodings the layer weights use of the row bytes of the widest
     /// input encoded that way.
@@ -87,6 +89,7 @@ impl ModelShape {
             vocab: u(c.vocab_len),
             context_len: u(c.context_len),
             rope_dims: u(c.rope_dims),
+            rope_tables: if c.sliding_window.is_some() { 2 } else { 1 },
             act_row_bytes: widest.iter().map(row_bytes).sum(),
             max_act_row_bytes: widest.iter().map(row_bytes).max().unwrap_or(0),
             max_layer_rows: max_rows,
@@ -143,7 +146,7 @@ impl Scratch {
         let seqs = max_seqs.max(1);
         let s = shape;
         let f32s = 3 * s.embd + 2 * s.q_len() + 2 * s.kv_len() + 2 * s.ff;
-        let rope = s.rope_dims / 2 * 8;
+        let rope = s.rope_tables * (s.rope_dims / 2 * 8);
         let prepared = if r > 1 { s.max_act_row_bytes } else { 0 };
         let tile_width = if threads <= 1 {
             s.max_layer_rows

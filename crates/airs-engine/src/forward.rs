@@ -1,8 +1,10 @@
-//! The decoder forward pass shared by `llama` and `qwen2`, following llama.cpp's graphs op for
-//! op so results match it closely: RMSNorm (f64 sum of squares), Q/K/V projections (+ qwen2
-//! biases), RoPE in interleaved (llama) or NeoX (qwen2) style with ggml's iterative angle
-//! recurrence, grouped-query attention through a [`KvCache`], SwiGLU feed-forward, and the
-//! output projection.
+//! The decoder forward pass shared by `llama`, `qwen2` and `gemma3`, following llama.cpp's
+//! graphs op for op so results match it closely: RMSNorm (f64 sum of squares), Q/K/V
+//! projections (+ qwen2 biases; gemma3's per-head q/k RMSNorm), RoPE in interleaved (llama) or
+//! NeoX (qwen2, gemma3) style with ggml's iterative angle recurrence (gemma3: a local base on
+//! its sliding-window layers), grouped-query attention through a [`KvCache`] over every
+//! position or the layer's window, a gated feed-forward (SwiGLU or GeGLU), gemma3's norms of
+//! both block outputs before their residual adds, and the output projection.
 //!
 //! One call ([`Model::forward_batch`]) is one *step* over a batch of sequences, each with its
 //! own KV cache (a paged block table) and positions: decode rows of some sequences and prefill
@@ -20,11 +22,11 @@ use airs_kernels::Isa;
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
-use crate::math::silu;
+use crate::math::{gelu_tanh, silu};
 use crate::model::{Model, TensorRef};
 use crate::par::{DisjointOut, QuantizedActs, matmul};
 use crate::pool::ThreadPool;
-use airs_gguf::RopeStyle;
+use airs_gguf::{FfnActivation, RopeStyle};
 
 /// Most passes a step runs layer-major at once while weights load ([`Model::forward_batch`];
 /// the runtime's scheduler gives a prompt that many passes per step then): it holds their
@@ -152,6 +154,8 @@ struct Segment {
     row0: usize,
     pos0: usize,
     rope: RopeTable,
+    /// The table at the sliding-window layers' base, for models that have one.
+    rope_local: Option<RopeTable>,
 }
 
 /// One pass of a batch: up to `pass_rows` consecutive rows of the batch's residual stream.
@@ -251,6 +255,21 @@ impl Model {
             )
             .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
         }
+        if let Some(scale) = cfg.embedding_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+
+        let factors = self.rope_factors.as_ref().map(|f| {
+            let mut v = Vec::new();
+            f.decode_vector(image, &mut v);
+            v.truncate(cfg.rope_dims / 2);
+            v
+        });
+        let rope = RopeParams {
+            dims: cfg.rope_dims,
+            factors: factors.as_deref(),
+            attn_factor: cfg.rope_attn_factor,
+        };
 
         // Passes of at most `pass_rows` rows, each made of the segments of the sequences it
         // covers.
@@ -276,7 +295,11 @@ impl Model {
                                 seq: i,
                                 row0: lo - first,
                                 pos0: pos,
-                                rope: RopeTable::new(cfg.rope_dims, cfg.rope_base, pos, hi - lo),
+                                rope: RopeTable::new(&rope, cfg.rope_base, pos, hi - lo),
+                                rope_local: cfg
+                                    .sliding_window
+                                    .and_then(|w| w.local_rope_base)
+                                    .map(|base| RopeTable::new(&rope, base, pos, hi - lo)),
                             }
                         })
                     })
@@ -397,7 +420,8 @@ impl Model {
         let n_tokens = pass.rows;
         let (q_len, kv_len, head_dim) = (cfg.q_len(), cfg.kv_len(), cfg.head_dim);
         let group = cfg.heads / cfg.kv_heads;
-        let scale = 1.0 / (head_dim as f32).sqrt();
+        let scale = cfg.attention_scale;
+        let window = cfg.layer_window(l);
         let n_embd = cfg.embedding_len;
         let xn = &mut s.xn[..n_tokens * n_embd];
         let q = &mut s.q[..n_tokens * q_len];
@@ -431,14 +455,25 @@ impl Model {
                 add_bias(out, bias);
             }
         }
+        for (out, w) in [(&mut *q, &layer.q_norm), (&mut *k, &layer.k_norm)] {
+            if let Some(w) = w {
+                // Per head: the weight has `head_dim` values.
+                w.decode_vector(image, norm);
+                rms_norm_in_place(out, norm, cfg.rms_eps);
+            }
+        }
         for seg in &pass.segments {
             let rows = seg.row0..seg.row0 + seg.rope.tokens;
             let (qs, ks) = (
                 &mut q[rows.start * q_len..rows.end * q_len],
                 &mut k[rows.start * kv_len..rows.end * kv_len],
             );
-            seg.rope.apply(qs, cfg.heads, head_dim, cfg.rope_style);
-            seg.rope.apply(ks, cfg.kv_heads, head_dim, cfg.rope_style);
+            let rope = match (window, &seg.rope_local) {
+                (Some(_), Some(local)) => local,
+                _ => &seg.rope,
+            };
+            rope.apply(qs, cfg.heads, head_dim, cfg.rope_style);
+            rope.apply(ks, cfg.kv_heads, head_dim, cfg.rope_style);
             let vs = &v[rows.start * kv_len..rows.end * kv_len];
             seqs[seg.seq].kv.store(l, seg.pos0, ks, vs);
         }
@@ -472,21 +507,27 @@ impl Model {
                         let h1 = (h0 + per_slice).min((g + 1) * group);
                         let (seq, pos) = row_at[t];
                         let n_ctx = pos + 1;
-                        if scores.len() < (h1 - h0) * n_ctx {
-                            scores.resize((h1 - h0) * n_ctx, 0.0);
+                        let first = window.map_or(0, |w| n_ctx.saturating_sub(w));
+                        let positions = first..n_ctx;
+                        if scores.len() < (h1 - h0) * positions.len() {
+                            scores.resize((h1 - h0) * positions.len(), 0.0);
                         }
                         let at = t * q_len + h0 * head_dim;
                         let end = t * q_len + h1 * head_dim;
                         // SAFETY: each (row, KV head, slice) item is visited once and owns
                         // the disjoint output range of its query heads, [at, end).
                         let out = unsafe { writer.slice(at..end) };
-                        caches[seq].attend(l, g, &q[at..end], n_ctx, scale, out, &mut scores);
+                        caches[seq].attend(l, g, &q[at..end], positions, scale, out, &mut scores);
                     }
                 });
             });
         }
         acts.reset();
         mm(acts, &layer.wo, attn, proj);
+        if let Some(w) = &layer.post_attn_norm {
+            w.decode_vector(image, norm);
+            rms_norm_in_place(proj, norm, cfg.rms_eps);
+        }
         add_into(x, proj);
 
         layer.ffn_norm.decode_vector(image, norm);
@@ -494,9 +535,13 @@ impl Model {
         acts.reset();
         mm(acts, &layer.w_gate, xn, gate);
         mm(acts, &layer.w_up, xn, up);
-        swiglu(pool, gate, up);
+        gated(pool, cfg.ffn_activation, gate, up);
         acts.reset();
         mm(acts, &layer.w_down, gate, proj);
+        if let Some(w) = &layer.post_ffn_norm {
+            w.decode_vector(image, norm);
+            rms_norm_in_place(proj, norm, cfg.rms_eps);
+        }
         add_into(x, proj);
     }
 }
@@ -513,17 +558,32 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `gate[i] = silu(gate[i]) · up[i]`, in chunks spread over the pool (each element computed
+/// [`rms_norm`] of every `weight.len()` values of `x`, in place (the same operations).
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let n = weight.len();
+    for row in x.chunks_exact_mut(n) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = *v * scale * w;
+        }
+    }
+}
+
+/// `gate[i] = act(gate[i]) · up[i]`, in chunks spread over the pool (each element computed
 /// the same way whatever the split).
-fn swiglu(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
+fn gated(pool: &ThreadPool, act: FfnActivation, gate: &mut [f32], up: &[f32]) {
     const CHUNK: usize = 4096;
     let writer = DisjointOut::new(gate);
     pool.for_chunks(up.len(), CHUNK, &|range| {
         // SAFETY: `for_chunks` hands every index range to exactly one call, so the slices
         // written concurrently are disjoint.
         let g = unsafe { writer.slice(range.clone()) };
-        for (g, &u) in g.iter_mut().zip(&up[range]) {
-            *g = silu(*g) * u;
+        let pairs = g.iter_mut().zip(&up[range]);
+        match act {
+            FfnActivation::Silu => pairs.for_each(|(g, &u)| *g = silu(*g) * u),
+            FfnActivation::GeluTanh => pairs.for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
         }
     });
 }
@@ -540,8 +600,18 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// What every RoPE table of a model shares: rotated dimensions, frequency factors (`dims/2`
+/// values, or none) and the cos/sin magnitude factor.
+struct RopeParams<'a> {
+    dims: usize,
+    factors: Option<&'a [f32]>,
+    attn_factor: f32,
+}
+
 /// cos/sin of every rotated pair at every position of a batch, with ggml's recurrence
-/// `theta_{i+1} = theta_i · base^(-2/dims)` starting from `theta_0 = pos` in f32.
+/// `theta_{i+1} = theta_i · base^(-2/dims)` starting from `theta_0 = pos` in f32; pair `i`'s
+/// angle divided by its frequency factor and cos/sin scaled by the attention factor, as ggml's
+/// `rope_yarn` does without extrapolation mixing.
 struct RopeTable {
     dims: usize,
     tokens: usize,
@@ -550,13 +620,23 @@ struct RopeTable {
 }
 
 impl RopeTable {
-    fn new(dims: usize, base: f32, pos0: usize, tokens: usize) -> RopeTable {
+    fn new(p: &RopeParams<'_>, base: f32, pos0: usize, tokens: usize) -> RopeTable {
+        let dims = p.dims;
         let theta_scale = base.powf(-2.0 / dims as f32);
         let mut cos_sin = Vec::with_capacity(tokens * dims / 2);
         for t in 0..tokens {
             let mut theta = (pos0 + t) as f32;
-            for _ in 0..dims / 2 {
-                cos_sin.push((theta.cos(), theta.sin()));
+            for i in 0..dims / 2 {
+                let angle = match p.factors {
+                    Some(f) => theta / f[i],
+                    None => theta,
+                };
+                let (cos, sin) = (angle.cos(), angle.sin());
+                cos_sin.push(if p.attn_factor == 1.0 {
+                    (cos, sin)
+                } else {
+                    (cos * p.attn_factor, sin * p.attn_factor)
+                });
                 theta *= theta_scale;
             }
         }

@@ -145,17 +145,19 @@ pub trait KvCache: Send + Sync {
     /// Record that positions `0..len` are now stored (after every layer wrote them).
     fn set_len(&mut self, len: usize);
 
-    /// Attention of one or more query heads that share `kv_head` against positions `0..n_ctx`
-    /// of `layer`: `q` and `out` hold `heads × head_dim` values (head after head), and for each
-    /// head `out = softmax(scale · K q) · V`. `scores` is scratch space of at least
-    /// `heads × n_ctx` floats. Each head's result is independent of how many are passed.
+    /// Attention of one or more query heads that share `kv_head` against the stored
+    /// `positions` of `layer` (`0..n` for full attention, the window's last positions for a
+    /// sliding-window layer): `q` and `out` hold `heads × head_dim` values (head after head),
+    /// and for each head `out = softmax(scale · K q) · V`. `scores` is scratch space of at
+    /// least `heads × positions.len()` floats. Each head's result is independent of how many
+    /// are passed.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         layer: usize,
         kv_head: usize,
         q: &[f32],
-        n_ctx: usize,
+        positions: std::ops::Range<usize>,
         scale: f32,
         out: &mut [f32],
         scores: &mut [f32],
@@ -772,18 +774,19 @@ impl KvCache for ContiguousKv {
         layer: usize,
         kv_head: usize,
         q: &[f32],
-        n_ctx: usize,
+        positions: std::ops::Range<usize>,
         scale: f32,
         out: &mut [f32],
         scores: &mut [f32],
     ) {
         let (ks, vs) = &self.layers[layer];
-        let at = kv_head * self.row_bytes;
+        let stride = self.shape.kv_heads * self.row_bytes;
+        let at = positions.start * stride + kv_head * self.row_bytes;
         let run = |_| RowRun {
             k: &ks[at..],
             v: &vs[at..],
-            rows: n_ctx,
-            stride: self.shape.kv_heads * self.row_bytes,
+            rows: positions.len(),
+            stride,
         };
         attend_runs(
             self.ty,
@@ -791,7 +794,7 @@ impl KvCache for ContiguousKv {
             1,
             run,
             q,
-            n_ctx,
+            positions.len(),
             scale,
             out,
             scores,
@@ -971,11 +974,11 @@ mod tests {
                 .collect();
             let mut scores = vec![0.0; 3 * n];
             let mut all = vec![0.0; 3 * 32];
-            kv.attend(0, 1, &q, n, 0.17, &mut all, &mut scores);
+            kv.attend(0, 1, &q, 0..n, 0.17, &mut all, &mut scores);
             for h in 0..3 {
                 let mut one = vec![0.0; 32];
                 let qh = &q[h * 32..(h + 1) * 32];
-                kv.attend(0, 1, qh, n, 0.17, &mut one, &mut scores);
+                kv.attend(0, 1, qh, 0..n, 0.17, &mut one, &mut scores);
                 assert_eq!(one, all[h * 32..(h + 1) * 32], "{ty:?} head {h}");
             }
         }

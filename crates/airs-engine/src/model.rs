@@ -6,8 +6,11 @@
 //!
 //! Tensor names and shapes follow llama.cpp's `llama` and `qwen2` graphs: `token_embd`,
 //! `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
-//! ffn_down}`, `output_norm`, `output` (absent when tied to `token_embd`), and for qwen2 the
-//! `attn_{q,k,v}.bias` vectors.
+//! ffn_down}`, `output_norm`, `output` (absent when tied to `token_embd`), for qwen2 the
+//! `attn_{q,k,v}.bias` vectors, for gemma3 and qwen3 the per-head `attn_{q,k}_norm` (and
+//! gemma3's `post_attention_norm` / `post_ffw_norm` vectors), for phi3 the fused `attn_qkv`
+//! and gate/up `ffn_up` matrices (sliced by rows in place) and `rope_factors_short`, and
+//! `rope_freqs` where Llama 3 files carry it.
 
 use std::sync::Arc;
 
@@ -77,6 +80,17 @@ impl TensorRef {
             .expect("vector geometry checked at model load");
     }
 
+    /// Rows `first..first + rows` of this matrix, as a matrix of its own (a slice of a fused
+    /// tensor, read in place).
+    fn sub_rows(&self, first: usize, rows: usize) -> TensorRef {
+        assert!(first + rows <= self.rows, "row range inside the tensor");
+        TensorRef {
+            rows,
+            offset: self.offset + first * self.row_bytes,
+            ..self.clone()
+        }
+    }
+
     /// Row `row`'s bytes within `image`.
     pub fn row<'a>(&self, image: &'a [u8], row: usize) -> &'a [u8] {
         let start = self.offset + row * self.row_bytes;
@@ -95,10 +109,17 @@ pub struct LayerWeights {
     pub bq: Option<TensorRef>,
     pub bk: Option<TensorRef>,
     pub bv: Option<TensorRef>,
+    /// Per-head RMSNorm weights of q and k (`head_dim` values each).
+    pub q_norm: Option<TensorRef>,
+    pub k_norm: Option<TensorRef>,
+    /// RMSNorm of the attention output before its residual add.
+    pub post_attn_norm: Option<TensorRef>,
     pub ffn_norm: TensorRef,
     pub w_gate: TensorRef,
     pub w_up: TensorRef,
     pub w_down: TensorRef,
+    /// RMSNorm of the feed-forward output before its residual add.
+    pub post_ffn_norm: Option<TensorRef>,
 }
 
 /// A model: hyperparameters plus the location of every weight in its image.
@@ -109,6 +130,9 @@ pub struct Model {
     pub output_norm: TensorRef,
     /// The output projection (`token_embd` itself when tied).
     pub output: TensorRef,
+    /// RoPE frequency factors (`rope_freqs` or Phi-3's short LongRoPE factors): at least
+    /// `rope_dims / 2` values.
+    pub rope_factors: Option<TensorRef>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -138,23 +162,75 @@ impl Model {
             matrix("output.weight", n_embd, config.vocab_len)?
         };
         let output_norm = vector("output_norm.weight", n_embd)?;
+        let rope_factors = match config.rope_factors {
+            None => None,
+            Some(f) => {
+                let info = tensor(f.tensor_name())?;
+                let len = info.dims.first().copied().unwrap_or(0) as usize;
+                if len < config.rope_dims / 2 {
+                    return Err(EngineError::bad_tensor(
+                        f.tensor_name(),
+                        format!("{len} factors for {} rotated pairs", config.rope_dims / 2),
+                    ));
+                }
+                Some(TensorRef::new(info, len, 1)?)
+            }
+        };
         let (q_len, kv_len, ff) = (config.q_len(), config.kv_len(), config.ff_len);
+        let head_dim = config.head_dim;
+        // A vector the configuration requires (`Some`) or has no use for (`None`).
+        let wanted =
+            |name: &str, len: usize, wanted: bool| -> Result<Option<TensorRef>, EngineError> {
+                wanted.then(|| vector(name, len)).transpose()
+            };
         let mut layers = Vec::with_capacity(config.layers);
         for l in 0..config.layers {
             let name = |t: &str| format!("blk.{l}.{t}");
+            // Fused matrices are read in place as row ranges, never copied.
+            let (wq, wk, wv) = if config.fused_qkv {
+                let qkv = matrix(&name("attn_qkv.weight"), n_embd, q_len + 2 * kv_len)?;
+                (
+                    qkv.sub_rows(0, q_len),
+                    qkv.sub_rows(q_len, kv_len),
+                    qkv.sub_rows(q_len + kv_len, kv_len),
+                )
+            } else {
+                (
+                    matrix(&name("attn_q.weight"), n_embd, q_len)?,
+                    matrix(&name("attn_k.weight"), n_embd, kv_len)?,
+                    matrix(&name("attn_v.weight"), n_embd, kv_len)?,
+                )
+            };
+            let (w_gate, w_up) = if config.fused_gate_up {
+                let gate_up = matrix(&name("ffn_up.weight"), n_embd, 2 * ff)?;
+                (gate_up.sub_rows(0, ff), gate_up.sub_rows(ff, ff))
+            } else {
+                (
+                    matrix(&name("ffn_gate.weight"), n_embd, ff)?,
+                    matrix(&name("ffn_up.weight"), n_embd, ff)?,
+                )
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(&name("attn_norm.weight"), n_embd)?,
-                wq: matrix(&name("attn_q.weight"), n_embd, q_len)?,
-                wk: matrix(&name("attn_k.weight"), n_embd, kv_len)?,
-                wv: matrix(&name("attn_v.weight"), n_embd, kv_len)?,
+                wq,
+                wk,
+                wv,
                 wo: matrix(&name("attn_output.weight"), q_len, n_embd)?,
                 bq: opt_vector(&name("attn_q.bias"), q_len)?,
                 bk: opt_vector(&name("attn_k.bias"), kv_len)?,
                 bv: opt_vector(&name("attn_v.bias"), kv_len)?,
+                q_norm: wanted(&name("attn_q_norm.weight"), head_dim, config.qk_norm)?,
+                k_norm: wanted(&name("attn_k_norm.weight"), head_dim, config.qk_norm)?,
+                post_attn_norm: wanted(
+                    &name("post_attention_norm.weight"),
+                    n_embd,
+                    config.post_norms,
+                )?,
                 ffn_norm: vector(&name("ffn_norm.weight"), n_embd)?,
-                w_gate: matrix(&name("ffn_gate.weight"), n_embd, ff)?,
-                w_up: matrix(&name("ffn_up.weight"), n_embd, ff)?,
+                w_gate,
+                w_up,
                 w_down: matrix(&name("ffn_down.weight"), ff, n_embd)?,
+                post_ffn_norm: wanted(&name("post_ffw_norm.weight"), n_embd, config.post_norms)?,
             });
         }
         Ok(Model {
@@ -163,6 +239,7 @@ impl Model {
             token_embd,
             output_norm,
             output,
+            rope_factors,
             layers,
         })
     }

@@ -309,7 +309,7 @@ impl KvCache for PagedKv {
         layer: usize,
         kv_head: usize,
         q: &[f32],
-        n_ctx: usize,
+        positions: std::ops::Range<usize>,
         scale: f32,
         out: &mut [f32],
         scores: &mut [f32],
@@ -317,23 +317,30 @@ impl KvCache for PagedKv {
         let l = self.layout;
         let (tpb, rb) = (l.tokens_per_block, l.row_bytes);
         let (ko, vo) = (l.run(layer, 0, kv_head), l.run(layer, 1, kv_head));
+        assert!(!positions.is_empty(), "attention over no positions");
+        // Blocks `first_block..=last_block` hold the positions; the first run starts inside
+        // its block when a sliding window begins there.
+        let first_block = positions.start / tpb;
+        let last_block = (positions.end - 1) / tpb;
         let run = |r: usize| {
-            let block = self.table.block(r);
-            let rows = (n_ctx - r * tpb).min(tpb);
+            let b = first_block + r;
+            let block = self.table.block(b);
+            let lo = positions.start.saturating_sub(b * tpb);
+            let hi = (positions.end - b * tpb).min(tpb);
             RowRun {
-                k: &block[ko..ko + rows * rb],
-                v: &block[vo..vo + rows * rb],
-                rows,
+                k: &block[ko + lo * rb..ko + hi * rb],
+                v: &block[vo + lo * rb..vo + hi * rb],
+                rows: hi - lo,
                 stride: rb,
             }
         };
         attend_runs(
             l.ty,
             l.head_dim,
-            n_ctx.div_ceil(tpb),
+            last_block - first_block + 1,
             run,
             q,
-            n_ctx,
+            positions.len(),
             scale,
             out,
             scores,

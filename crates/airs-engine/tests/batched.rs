@@ -144,6 +144,12 @@ fn qwen_sequences_batched_with_others_equal_themselves_alone() {
     }
 }
 
+#[test]
+fn gemma_sequences_batched_with_others_equal_themselves_alone() {
+    let model = load(&airs_testdata::gemma_path());
+    check(&model, KvType::F16, [45, 20, 9], 16);
+}
+
 /// Layer-major passes inside a batch (several sequences' rows split into passes of `pass_rows`)
 /// give the same bits as one pass.
 #[test]

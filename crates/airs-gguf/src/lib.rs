@@ -14,6 +14,8 @@ pub mod writer;
 
 pub use dtype::{GgmlType, QK_K};
 pub use error::{GgufError, GgufErrorKind};
-pub use hparams::{Architecture, ModelConfig, RopeStyle};
+pub use hparams::{
+    Architecture, FfnActivation, ModelConfig, RopeFactors, RopeStyle, SlidingWindow,
+};
 pub use layers::{LayerInfo, LayerMap};
 pub use reader::{Array, Gguf, MAX_ARRAY_DEPTH, TensorInfo, Value, ValueType};

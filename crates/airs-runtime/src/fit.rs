@@ -389,6 +389,7 @@ mod tests {
             vocab: 151_936,
             context_len: 32768,
             rope_dims: 64,
+            rope_tables: 1,
             act_row_bytes: 5548 + 5168,
             max_act_row_bytes: 5548,
             max_layer_rows: 4864,

@@ -185,8 +185,11 @@ fn encode_tensor(
     let row_len = tensor.row_len();
     let rows = tensor.rows();
     let row_bytes = airs_kernels::row_bytes(ty, row_len)?;
-    let stream = TensorStream::new(seed, &tensor.spec.name, tensor.role);
+    let stream = TensorStream::new(seed, &tensor.spec.name, tensor.role, tensor.sharp);
     buf.resize(rows * row_bytes, 0);
+    if let Some(values) = &tensor.fixed {
+        return airs_kernels::quantize_row(ty, values, buf);
+    }
 
     let workers = if rows * row_len < PARALLEL_MIN_ELEMENTS {
         1

@@ -1,7 +1,7 @@
 //! airs-synth: synthetic GGUF models of realistic size, for benchmarks and tests that need a
 //! model of a real shape without downloading one.
 //!
-//! A [`Recipe`] — a named [`Shape`] (`tiny`, `qwen2-tiny`, `tinyllama-1.1b`), a [`QuantMix`]
+//! A [`Recipe`] — a named [`Shape`] (`tiny`, `qwen2-tiny`, `qwen3-tiny`, `llama3-tiny`, `phi3-tiny`, `tinyllama-1.1b`), a [`QuantMix`]
 //! (`f32`, `f16`, `q8_0`, `q4_k_m`) and a seed — determines a file byte for byte:
 //!
 //! - **Tensors** ([`plan`]): the names, ggml-order shapes and tensor order llama.cpp writes
@@ -41,5 +41,5 @@ pub use error::SynthError;
 pub use generate::{Recipe, WrittenModel};
 pub use mix::{QuantMix, TensorRole, use_more_bits};
 pub use plan::{ALIGNMENT, PlannedTensor, metadata, plan, plan_tensors};
-pub use shape::{Hyperparameters, Shape};
+pub use shape::{Hyperparameters, RopeScaling, Shape};
 pub use vocab::{Vocabulary, default_vocab_dir};

@@ -21,6 +21,15 @@ pub enum TensorRole {
     AttnOutput,
     /// The q, k or v bias vector of qwen2.
     AttnBias,
+    /// The per-head RMSNorm weight of q or of k (qwen3).
+    AttnQkNorm,
+    /// The fused q/k/v projection (phi3).
+    AttnQkv,
+    /// The fused gate/up projection (phi3's `ffn_up` of `2·n_ff` rows).
+    FfnGateUp,
+    /// RoPE frequency factors (`rope_freqs`, `rope_factors_short/long`): fixed values the
+    /// plan computes, not random draws.
+    RopeFactors,
     FfnNorm,
     FfnGate,
     FfnUp,
@@ -36,6 +45,8 @@ impl TensorRole {
                 | TensorRole::AttnNorm
                 | TensorRole::FfnNorm
                 | TensorRole::AttnBias
+                | TensorRole::AttnQkNorm
+                | TensorRole::RopeFactors
         )
     }
 
@@ -43,7 +54,10 @@ impl TensorRole {
     pub fn is_norm(self) -> bool {
         matches!(
             self,
-            TensorRole::OutputNorm | TensorRole::AttnNorm | TensorRole::FfnNorm
+            TensorRole::OutputNorm
+                | TensorRole::AttnNorm
+                | TensorRole::FfnNorm
+                | TensorRole::AttnQkNorm
         )
     }
 }

@@ -17,13 +17,21 @@ pub const WEIGHT_STD: f32 = 0.02;
 /// Norm weights are `1.0 ± NORM_STD`.
 pub const NORM_STD: f32 = 0.02;
 
-/// Mean and standard deviation of the values of a tensor with `role`.
-pub fn distribution(role: TensorRole) -> (f32, f32) {
+/// Mean and standard deviation of the values of a tensor with `role`. With `sharp`
+/// (reference-distribution shapes) embeddings have std 1, q and k projections 0.1 and the
+/// output projection 0.5, so that attention is peaked and logits spread over several nats
+/// instead of the near-uniform distributions of initialisation-scale weights.
+pub fn distribution(role: TensorRole, sharp: bool) -> (f32, f32) {
     if role.is_norm() {
-        (1.0, NORM_STD)
-    } else {
-        (0.0, WEIGHT_STD)
+        return (1.0, NORM_STD);
     }
+    let std = match role {
+        TensorRole::TokenEmbedding if sharp => 1.0,
+        TensorRole::AttnQ | TensorRole::AttnK | TensorRole::AttnQkv if sharp => 0.1,
+        TensorRole::Output if sharp => 0.5,
+        _ => WEIGHT_STD,
+    };
+    (0.0, std)
 }
 
 /// The splitmix64 output function (Steele, Lea & Flood 2014), a strong 64-bit mixer.
@@ -78,8 +86,8 @@ pub struct TensorStream {
 }
 
 impl TensorStream {
-    pub fn new(seed: u64, name: &str, role: TensorRole) -> TensorStream {
-        let (mean, std) = distribution(role);
+    pub fn new(seed: u64, name: &str, role: TensorRole, sharp: bool) -> TensorStream {
+        let (mean, std) = distribution(role, sharp);
         TensorStream {
             key: mix64(seed ^ mix64(name_hash(name))),
             mean,
@@ -118,9 +126,9 @@ mod tests {
 
     #[test]
     fn rows_depend_on_seed_name_and_index_only() {
-        let a = TensorStream::new(1, "blk.0.attn_q.weight", TensorRole::AttnQ);
-        let b = TensorStream::new(1, "blk.0.attn_k.weight", TensorRole::AttnK);
-        let c = TensorStream::new(2, "blk.0.attn_q.weight", TensorRole::AttnQ);
+        let a = TensorStream::new(1, "blk.0.attn_q.weight", TensorRole::AttnQ, false);
+        let b = TensorStream::new(1, "blk.0.attn_k.weight", TensorRole::AttnK, false);
+        let c = TensorStream::new(2, "blk.0.attn_q.weight", TensorRole::AttnQ, false);
         let row = |s: &TensorStream, i| {
             let mut r = vec![0.0; 64];
             s.fill_row(i, &mut r);

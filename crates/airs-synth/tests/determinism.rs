@@ -98,7 +98,7 @@ fn errors_name_the_problem() {
     let e = "llama-7b".parse::<Shape>().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown model shape \"llama-7b\" (known: tiny, qwen2-tiny, tinyllama-1.1b)"
+        "unknown model shape \"llama-7b\" (known: tiny, qwen2-tiny, qwen3-tiny, llama3-tiny, phi3-tiny, tinyllama-1.1b)"
     );
     let e = "q4_k_s".parse::<QuantMix>().unwrap_err();
     assert_eq!(

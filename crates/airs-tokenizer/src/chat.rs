@@ -14,6 +14,11 @@
 //!   when the vocabulary has `<|im_start|>` and `<|im_end|>` as special tokens: a model that
 //!   carries those tokens was almost certainly tuned on ChatML (Qwen, SmolLM, Hermes, ...),
 //!   and the markers encode to the single tokens it knows.
+//! - **Gemma** (`<start_of_turn>user\ncontent<end_of_turn>\n`, the assistant's role
+//!   written `model`, then `<start_of_turn>model\n`; a system message is prefixed to the
+//!   first user turn, as Gemma's own template and llama.cpp's built-in one do, since Gemma
+//!   has no system role) when the vocabulary has `<start_of_turn>` and `<end_of_turn>` as
+//!   special tokens: Gemma 3 GGUF files often ship without a template.
 //! - otherwise a **plain transcript** (`User: content\n` per message, then `Assistant:`):
 //!   for a model without chat markers (base models such as stories260K) any marker would be
 //!   text it has never seen, while a "Role: text" transcript is the most common dialogue
@@ -38,6 +43,17 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
 {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// The Gemma fallback template.
+pub const GEMMA_TEMPLATE: &str = "{%- set ns = namespace(prefix='') %}\
+{%- for message in messages %}\
+{%- if message['role'] == 'system' %}{%- set ns.prefix = ns.prefix + message['content'] + '\n\n' %}\
+{%- else %}\
+{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' + ns.prefix + message['content'] + '<end_of_turn>\n' }}\
+{%- set ns.prefix = '' %}\
+{%- endif %}\
+{%- endfor %}\
+{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}";
 
 /// The plain-transcript fallback template.
 pub const PLAIN_TEMPLATE: &str = "{%- for message in messages %}\
@@ -118,6 +134,8 @@ pub enum TemplateSource {
     Model,
     /// The ChatML fallback ([`CHATML_TEMPLATE`]).
     FallbackChatMl,
+    /// The Gemma fallback ([`GEMMA_TEMPLATE`]).
+    FallbackGemma,
     /// The plain-transcript fallback ([`PLAIN_TEMPLATE`]).
     FallbackPlain,
 }
@@ -185,8 +203,9 @@ impl ChatTemplate {
     }
 
     /// The fallback for a model without a template: ChatML if the vocabulary has
-    /// `<|im_start|>`/`<|im_end|>` special tokens, else a plain transcript (see the module
-    /// documentation for why).
+    /// `<|im_start|>`/`<|im_end|>` special tokens, Gemma's turns if it has
+    /// `<start_of_turn>`/`<end_of_turn>`, else a plain transcript (see the module documentation
+    /// for why).
     pub fn fallback_for(tokenizer: &Tokenizer) -> ChatTemplate {
         let is_special = |text: &str| {
             tokenizer
@@ -195,6 +214,8 @@ impl ChatTemplate {
         };
         let (template, source) = if is_special("<|im_start|>") && is_special("<|im_end|>") {
             (CHATML_TEMPLATE, TemplateSource::FallbackChatMl)
+        } else if is_special("<start_of_turn>") && is_special("<end_of_turn>") {
+            (GEMMA_TEMPLATE, TemplateSource::FallbackGemma)
         } else {
             (PLAIN_TEMPLATE, TemplateSource::FallbackPlain)
         };

@@ -27,4 +27,4 @@ pub fn generate(shape: Shape, quant: QuantMix, seed: u64, threads: usize) -> Vec
 }
 
 /// The small shapes, which tests generate in full.
-pub const SMALL_SHAPES: [Shape; 2] = [Shape::Tiny, Shape::Qwen2Tiny];
+pub const SMALL_SHAPES: [Shape; 3] = [Shape::Tiny, Shape::Qwen2Tiny, Shape::Qwen3Tiny];
