@@ -53,7 +53,7 @@ pub use decode::StreamDecoder;
 pub use error::{TokenizerError, TokenizerErrorKind};
 pub use load::{MAX_MERGES, MAX_VOCAB_LEN};
 pub use pretokenize::PreTokenizerKind;
-pub use tokenizer::{EncodeOptions, ModelKind, Tokenizer};
+pub use tokenizer::{EncodeOptions, ModelKind, Tokenizer, clean_up_tokenization_spaces};
 
 /// A token id: an index into the model's vocabulary (and its embedding rows).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

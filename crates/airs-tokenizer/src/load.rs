@@ -239,15 +239,51 @@ impl Tokenizer {
             }
         }
 
+        let pre_name = if is_spm { None } else { opt_str(g, KEY_PRE)? };
         let pre_kind = if is_spm {
             None
         } else {
-            Some(match opt_str(g, KEY_PRE)? {
+            Some(match pre_name {
                 None => PreTokenizerKind::Default,
                 Some(name) => PreTokenizerKind::from_name(name)
                     .ok_or_else(|| TokenizerErrorKind::UnknownPreTokenizer(name.to_owned()))?,
             })
         };
+        // llama.cpp: BPE vocabularies clean up tokenization spaces unless their pre-tokenizer
+        // is one of these.
+        const KEEP_SPACES: &[&str] = &[
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "youtu",
+            "command-r",
+            "cohere2_moe",
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "openpangu",
+            "f2llmv2",
+            "qwen35",
+            "poro-chat",
+            "viking",
+            "tekken",
+            "smollm",
+            "chameleon",
+            "gpt-4o",
+            "llama4",
+            "kanana2",
+            "tiny_aya",
+            "superbpe",
+            "trillion",
+            "granite-docling",
+            "bailingmoe",
+            "bailingmoe2",
+            "llada-moe",
+            "seed-coder",
+            "hunyuan",
+            "hunyuan-dense",
+        ];
+        let clean_spaces = !is_spm && !pre_name.is_some_and(|n| KEEP_SPACES.contains(&n));
 
         let model = match pre_kind {
             None => {
@@ -343,6 +379,7 @@ impl Tokenizer {
             end_of_generation,
             add_bos,
             add_space_prefix,
+            clean_spaces,
             specials,
         })
     }

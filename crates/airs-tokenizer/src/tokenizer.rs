@@ -70,6 +70,9 @@ pub struct Tokenizer {
     pub(crate) end_of_generation: Vec<TokenId>,
     pub(crate) add_bos: bool,
     pub(crate) add_space_prefix: bool,
+    /// Whether [`Tokenizer::decode`] cleans up tokenization spaces (llama.cpp's
+    /// `clean_spaces`: BPE vocabularies but those whose pre-tokenizer opts out, e.g. qwen2).
+    pub(crate) clean_spaces: bool,
     /// Control, user-defined and unknown tokens, longest text first.
     pub(crate) specials: Vec<TokenId>,
 }
@@ -87,6 +90,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("eot", &self.eot)
             .field("add_bos", &self.add_bos)
             .field("add_space_prefix", &self.add_space_prefix)
+            .field("clean_spaces", &self.clean_spaces)
             .field("end_of_generation", &self.end_of_generation)
             .finish_non_exhaustive()
     }
@@ -174,8 +178,12 @@ impl Tokenizer {
     /// piece of text, so `decode(encode(x)) == x` for plain text. Ids outside the vocabulary
     /// are skipped. The same as feeding the ids to [`StreamDecoder::at_sequence_start`].
     ///
-    /// Unlike llama.cpp's `llama_detokenize`, no "clean up tokenization spaces" pass is made
-    /// (it would make decoding disagree with streaming, and is off for Qwen2 anyway).
+    /// Where the vocabulary asks for it ([`Tokenizer::cleans_spaces`]), the text then gets
+    /// llama.cpp's "clean up tokenization spaces" passes, as `llama_detokenize` makes them:
+    /// the space before `?`, `!`, `.` and `,` is removed, a lone `'` between spaces loses both,
+    /// and the space before `'s`, `'m`, `'re` and `'ve` goes. Streaming ([`StreamDecoder`])
+    /// emits the pieces as they are, as llama.cpp's `token_to_piece` does, so only whole-text
+    /// decoding differs from streaming, and only for such vocabularies.
     pub fn decode(&self, ids: &[TokenId]) -> String {
         let mut decoder = StreamDecoder::at_sequence_start();
         let mut text = String::new();
@@ -183,7 +191,18 @@ impl Tokenizer {
             text.push_str(decoder.push(self, id));
         }
         text.push_str(decoder.finish());
-        text
+        if self.clean_spaces {
+            clean_up_tokenization_spaces(&text)
+        } else {
+            text
+        }
+    }
+
+    /// Whether [`Tokenizer::decode`] cleans up tokenization spaces: BPE vocabularies except
+    /// those whose pre-tokenizer llama.cpp exempts (qwen2, deepseek, command-r, smollm, ...);
+    /// never SentencePiece.
+    pub fn cleans_spaces(&self) -> bool {
+        self.clean_spaces
     }
 
     /// Append the bytes token `id` stands for to `out` (see [`Tokenizer::decode`]); with
@@ -346,9 +365,81 @@ pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// llama.cpp's three clean-up passes over decoded text (`llama_vocab::impl::detokenize`),
+/// translated literally: each pass compacts the buffer in place, reading `text[i - 1]` of the
+/// buffer as it stands (the second pass blanks the space it skips). Every byte the passes look
+/// at or remove is ASCII, so UTF-8 stays intact.
+pub fn clean_up_tokenization_spaces(decoded: &str) -> String {
+    let mut text = decoded.as_bytes().to_vec();
+    let mut total = text.len();
+    // First pass: " ?", " !", " .", " ," lose the space.
+    let n = total;
+    total = usize::from(n > 0);
+    for i in 1..n {
+        let x = text[i];
+        if text[i - 1] == b' ' && matches!(x, b'?' | b'!' | b'.' | b',') {
+            total -= 1;
+        }
+        text[total] = x;
+        total += 1;
+    }
+    // Second pass: " ' " becomes "'".
+    let n = total;
+    total = usize::from(n > 0);
+    let mut i = 1;
+    while i < n {
+        let x = text[i];
+        if x == b'\'' && i + 1 < n && text[i - 1] == b' ' && text[i + 1] == b' ' {
+            total -= 1;
+            i += 1;
+            text[i] = 0;
+        }
+        text[total] = x;
+        total += 1;
+        i += 1;
+    }
+    // Third pass: " 's", " 'm", " 're", " 've" lose the space (" 't", " 'd", " 'll" keep it).
+    let n = total;
+    total = usize::from(n > 0);
+    for i in 1..n {
+        let x = text[i];
+        if text[i - 1] == b' ' && x == b'\'' && i + 1 < n {
+            let x1 = text[i + 1];
+            let contraction = matches!(x1, b's' | b'm')
+                || (i + 2 < n && matches!((x1, text[i + 2]), (b'r', b'e') | (b'v', b'e')));
+            if contraction {
+                total -= 1;
+            }
+        }
+        text[total] = x;
+        total += 1;
+    }
+    text.truncate(total);
+    String::from_utf8(text).expect("only ASCII bytes were removed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn space_clean_up_follows_llama_cpp() {
+        for (raw, clean) in [
+            ("Hello , world ! Is it ? Yes .", "Hello, world! Is it? Yes."),
+            ("it ' s", "it's"),
+            (
+                "I 'm sure they 're here , we 've seen it 's",
+                "I'm sure they're here, we've seen it's",
+            ),
+            ("don 't , I 'd , we 'll", "don 't, I 'd, we 'll"),
+            (" . leading", ". leading"),
+            ("a ' ' b", "a'' b"),
+            ("", ""),
+            ("é , ü ?", "é, ü?"),
+        ] {
+            assert_eq!(clean_up_tokenization_spaces(raw), clean, "{raw:?}");
+        }
+    }
 
     #[test]
     fn tokenizers_and_templates_can_be_shared_between_threads() {

@@ -1,12 +1,16 @@
 //! Streaming decoding: characters split across tokens (byte-fallback tokens in SentencePiece,
 //! byte-level pieces in GPT-2 BPE) are held back until complete, and what a stream emits
-//! always adds up to `Tokenizer::decode` of the same ids.
+//! always adds up to `Tokenizer::decode` of the same ids (before the space clean-up that
+//! whole-text decoding applies for BPE vocabularies that ask for it, as llama.cpp's
+//! `llama_detokenize` does and its streaming `token_to_piece` does not).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use airs_gguf::Gguf;
-use airs_tokenizer::{EncodeOptions, StreamDecoder, TokenId, Tokenizer};
+use airs_tokenizer::{
+    EncodeOptions, StreamDecoder, TokenId, Tokenizer, clean_up_tokenization_spaces,
+};
 
 fn load(name: &str) -> Tokenizer {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -112,7 +116,12 @@ fn streams_add_up_to_decode_for_every_test_case() {
             );
             let (pushes, rest) = stream(tokenizer, StreamDecoder::at_sequence_start(), &ids);
             let streamed = pushes.concat() + &rest;
-            assert_eq!(streamed, tokenizer.decode(&ids));
+            let whole = if tokenizer.cleans_spaces() {
+                clean_up_tokenization_spaces(&streamed)
+            } else {
+                streamed.clone()
+            };
+            assert_eq!(whole, tokenizer.decode(&ids));
             assert_eq!(streamed, text);
         }
     }
@@ -153,4 +162,28 @@ fn control_tokens_and_out_of_range_ids_emit_nothing() {
     let mut shown = Vec::new();
     tokenizer.append_token_bytes(tokenizer.eos_id().unwrap(), true, &mut shown);
     assert_eq!(shown, b"</s>");
+}
+
+/// Which vocabularies clean up spaces when decoding whole texts, as llama.cpp decides:
+/// byte-level BPE by default (gpt-2, llama-bpe), not qwen2's, never SentencePiece.
+#[test]
+fn whole_text_decoding_cleans_spaces_where_llama_cpp_does() {
+    let text = "Hello , world ! it 's a test .";
+    for (file, cleans) in [
+        ("ggml-vocab-gpt-2.gguf", true),
+        ("ggml-vocab-llama-bpe.gguf", true),
+        ("ggml-vocab-qwen2.gguf", false),
+        ("ggml-vocab-llama-spm.gguf", false),
+        ("ggml-vocab-phi-3.gguf", false),
+    ] {
+        let tokenizer = load(file);
+        assert_eq!(tokenizer.cleans_spaces(), cleans, "{file}");
+        let decoded = tokenizer.decode(&tokenizer.encode(text, PLAIN));
+        let want = if cleans {
+            "Hello, world! it's a test."
+        } else {
+            text
+        };
+        assert_eq!(decoded, want, "{file}");
+    }
 }
