@@ -577,9 +577,11 @@ mod differential {
 
         #[test]
         fn byte_level_round_trips_any_text(text in "\\PC{0,40}") {
+            // GPT-2's vocabulary asks for llama.cpp's space clean-up on decoding.
             let t = gpt2();
             let ids = t.encode(&text, EncodeOptions::default());
-            prop_assert_eq!(t.decode(&ids), text);
+            prop_assert!(t.cleans_spaces());
+            prop_assert_eq!(t.decode(&ids), clean_up_tokenization_spaces(&text));
         }
 
         #[test]
