@@ -67,7 +67,13 @@ fn exercise(data: &[u8], g: &Gguf<'_>) {
         assert_eq!(cfg.embedding_len % cfg.heads, 0);
         assert_eq!(cfg.heads % cfg.kv_heads, 0);
         assert!(cfg.rope_dims <= cfg.head_dim);
-        let _ = (cfg.kv_len(), cfg.q_len(), cfg.kv_bytes_per_token(2.0));
+        assert!(cfg.context_len > 0 && cfg.rope_attn_factor > 0.0);
+        let _ = (cfg.kv_len(), cfg.q_len());
+        for l in 0..cfg.layers.min(64) {
+            let window = cfg.layer_window(l);
+            assert!(window.is_none_or(|w| w > 0));
+            assert!(cfg.layer_rope_base(l) > 0.0);
+        }
     }
 }
 

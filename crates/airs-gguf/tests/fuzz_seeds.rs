@@ -46,6 +46,48 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         tensor("blk.0.ffn_up.weight", &[256, 1], GgmlType::Q6K),
     ];
 
+    // gemma3: head dim from key_length, the sliding window; phi3: fused tensors, partial
+    // rotary, LongRoPE factors and their metadata.
+    let gemma_kv = vec![
+        kv("general.architecture", MetaValue::String("gemma3".into())),
+        kv("gemma3.block_count", MetaValue::U32(6)),
+        kv("gemma3.embedding_length", MetaValue::U32(32)),
+        kv("gemma3.feed_forward_length", MetaValue::U32(64)),
+        kv("gemma3.attention.head_count", MetaValue::U32(2)),
+        kv("gemma3.attention.head_count_kv", MetaValue::U32(1)),
+        kv("gemma3.attention.key_length", MetaValue::U32(32)),
+        kv("gemma3.attention.value_length", MetaValue::U32(32)),
+        kv("gemma3.attention.sliding_window", MetaValue::U32(8)),
+        kv("gemma3.rope.freq_base", MetaValue::F32(1_000_000.0)),
+    ];
+    let gemma_t = vec![
+        tensor("token_embd.weight", &[32, 4], GgmlType::Q8_0),
+        tensor("blk.0.attn_q_norm.weight", &[32], GgmlType::F32),
+        tensor("blk.0.post_ffw_norm.weight", &[32], GgmlType::F32),
+    ];
+    let phi_kv = vec![
+        kv("general.architecture", MetaValue::String("phi3".into())),
+        kv("phi3.block_count", MetaValue::U32(1)),
+        kv("phi3.context_length", MetaValue::U32(131_072)),
+        kv("phi3.embedding_length", MetaValue::U32(32)),
+        kv("phi3.feed_forward_length", MetaValue::U32(64)),
+        kv("phi3.attention.head_count", MetaValue::U32(2)),
+        kv("phi3.rope.dimension_count", MetaValue::U32(12)),
+        kv("phi3.attention.sliding_window", MetaValue::U32(16)),
+        kv("phi3.rope.scaling.attn_factor", MetaValue::F32(1.19)),
+        kv(
+            "phi3.rope.scaling.original_context_length",
+            MetaValue::U32(4096),
+        ),
+    ];
+    let phi_t = vec![
+        tensor("token_embd.weight", &[32, 4], GgmlType::Q8_0),
+        tensor("rope_factors_long.weight", &[8], GgmlType::F32),
+        tensor("rope_factors_short.weight", &[8], GgmlType::F32),
+        tensor("blk.0.attn_qkv.weight", &[32, 96], GgmlType::Q8_0),
+        tensor("blk.0.ffn_up.weight", &[32, 128], GgmlType::Q8_0),
+    ];
+
     let mut all_kv = all_types_metadata();
     all_kv.push(kv("general.alignment", MetaValue::U32(64)));
     all_kv.push(kv("a.nested_8", nested_array(airs_gguf::MAX_ARRAY_DEPTH)));
@@ -65,6 +107,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("tiny_llama.gguf", build(&llama_kv, &llama_t, 32)),
         ("tiny_qwen2_quant.gguf", build(&qwen_kv, &qwen_t, 32)),
+        ("tiny_gemma3.gguf", build(&gemma_kv, &gemma_t, 32)),
+        ("tiny_phi3.gguf", build(&phi_kv, &phi_t, 32)),
         ("all_types_align64.gguf", build(&all_kv, &all_t, 64)),
         ("small.gguf", small().bytes),
         ("small_v2.gguf", v2),
