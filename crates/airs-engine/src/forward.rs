@@ -1,10 +1,11 @@
-//! The decoder forward pass shared by `llama`, `qwen2` and `gemma3`, following llama.cpp's
-//! graphs op for op so results match it closely: RMSNorm (f64 sum of squares), Q/K/V
-//! projections (+ qwen2 biases; gemma3's per-head q/k RMSNorm), RoPE in interleaved (llama) or
-//! NeoX (qwen2, gemma3) style with ggml's iterative angle recurrence (gemma3: a local base on
-//! its sliding-window layers), grouped-query attention through a [`KvCache`] over every
-//! position or the layer's window, a gated feed-forward (SwiGLU or GeGLU), gemma3's norms of
-//! both block outputs before their residual adds, and the output projection.
+//! The decoder forward pass shared by `llama`, `qwen2`, `qwen3`, `gemma3` and `phi3`, following
+//! llama.cpp's graphs op for op so results match it closely: RMSNorm (f64 sum of squares),
+//! Q/K/V projections (+ qwen2 biases; qwen3's and gemma3's per-head q/k RMSNorm; phi3's fused
+//! matrices arrive as row slices), RoPE in interleaved (llama) or NeoX style with ggml's
+//! iterative angle recurrence, frequency factors and magnitude factor (Llama 3, Phi-3), and a
+//! local base on gemma3's sliding-window layers, grouped-query attention through a [`KvCache`]
+//! over every position or the layer's window, a gated feed-forward (SwiGLU or GeGLU), gemma3's
+//! norms of both block outputs before their residual adds, and the output projection.
 //!
 //! One call ([`Model::forward_batch`]) is one *step* over a batch of sequences, each with its
 //! own KV cache (a paged block table) and positions: decode rows of some sequences and prefill
@@ -154,7 +155,8 @@ struct Segment {
     row0: usize,
     pos0: usize,
     rope: RopeTable,
-    /// The table at the sliding-window layers' base, for models that have one.
+    /// The table at the local layers' own base, for models whose sliding-window layers have
+    /// one ([`airs_gguf::ModelConfig::layer_rope_base`]).
     rope_local: Option<RopeTable>,
 }
 
@@ -468,8 +470,8 @@ impl Model {
                 &mut q[rows.start * q_len..rows.end * q_len],
                 &mut k[rows.start * kv_len..rows.end * kv_len],
             );
-            let rope = match (window, &seg.rope_local) {
-                (Some(_), Some(local)) => local,
+            let rope = match &seg.rope_local {
+                Some(local) if cfg.layer_rope_base(l) != cfg.rope_base => local,
                 _ => &seg.rope,
             };
             rope.apply(qs, cfg.heads, head_dim, cfg.rope_style);
@@ -549,22 +551,24 @@ impl Model {
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = weight.len();
     for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
-        let mean = (sum / n as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
+        let scale = rms_scale(row, eps);
         for ((o, &v), &w) in o.iter_mut().zip(row).zip(weight) {
             *o = v * scale * w;
         }
     }
 }
 
+/// `1/√(mean(row²) + eps)`, the sum of squares in f64 as ggml's `rms_norm`.
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
 /// [`rms_norm`] of every `weight.len()` values of `x`, in place (the same operations).
 fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let n = weight.len();
-    for row in x.chunks_exact_mut(n) {
-        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
-        let mean = (sum / n as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
+    for row in x.chunks_exact_mut(weight.len()) {
+        let scale = rms_scale(row, eps);
         for (v, &w) in row.iter_mut().zip(weight) {
             *v = *v * scale * w;
         }
@@ -631,12 +635,8 @@ impl RopeTable {
                     Some(f) => theta / f[i],
                     None => theta,
                 };
-                let (cos, sin) = (angle.cos(), angle.sin());
-                cos_sin.push(if p.attn_factor == 1.0 {
-                    (cos, sin)
-                } else {
-                    (cos * p.attn_factor, sin * p.attn_factor)
-                });
+                // × 1.0 (every model without LongRoPE) is exact.
+                cos_sin.push((angle.cos() * p.attn_factor, angle.sin() * p.attn_factor));
                 theta *= theta_scale;
             }
         }

@@ -1,8 +1,8 @@
 //! Typed hyperparameters of the decoder-only architectures airs runs (`llama`, `qwen2`,
-//! `qwen3`, `gemma3`), read from `{arch}.*` metadata with llama.cpp's defaults and checked for
+//! `qwen3`, `gemma3`, `phi3`), read from `{arch}.*` metadata with llama.cpp's defaults and checked for
 //! consistency with the tensor shapes, so the forward pass can trust them. What an architecture
 //! changes in the shared decoder is said here as data (norms, activation, attention scale,
-//! sliding window), so the forward pass has one body. Cost: a handful of hash lookups.
+//! sliding window, RoPE factors, fused matrices), so the forward pass has one body. Cost: a handful of hash lookups.
 
 use crate::error::{GgufError, GgufErrorKind};
 use crate::reader::Gguf;
@@ -115,7 +115,7 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Embeddings are multiplied by this before the first layer (gemma3: `√n_embd`).
     pub embedding_scale: Option<f32>,
-    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`: gemma3).
+    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`: qwen3, gemma3).
     pub qk_norm: bool,
     /// RMSNorm of the attention and feed-forward outputs before their residual adds
     /// (`post_attention_norm`, `post_ffw_norm`: gemma3).

@@ -7,54 +7,12 @@
 //!   partial rotary, LongRoPE, a window on every layer) files that airs-synth writes here
 //!   (seed 1, q8_0 mix: the bytes are a pure function of the recipe) against ik_llama.cpp
 //!   references made from the same bytes (testdata/reference/README.md says how).
+mod common;
+
 use airs_engine::KvType;
 use airs_runtime::LoadedModel;
-use airs_runtime::perplexity::{KldReference, KldStats, PerplexityConfig, evaluate, tokenize};
 use airs_synth::{QuantMix, Recipe, Shape, Vocabulary, default_vocab_dir};
-
-/// Evaluate `model` over the design text against `testdata/reference/{stem}.json` with f16 KV
-/// and return the divergence, after checking the tokenization, the positions and, for a
-/// trained model, the perplexity (within 1% of the reference's; a random model's perplexity
-/// of real text rests on log-probabilities near −40 and says nothing).
-fn divergence(
-    model: &LoadedModel,
-    stem: &str,
-    ctx: usize,
-    positions: usize,
-    trained: bool,
-) -> KldStats {
-    let text =
-        std::fs::read_to_string(airs_testdata::repo_path("testdata/text/model-memory.md")).unwrap();
-    let tokens = tokenize(model, &text);
-    let bytes = std::fs::read(airs_testdata::repo_path(&format!(
-        "testdata/reference/{stem}.json"
-    )))
-    .unwrap();
-    let reference = KldReference::parse(&bytes).unwrap();
-    assert_eq!(reference.text_token_ids, tokens, "{stem}: tokenization");
-    let config = PerplexityConfig::new(ctx, KvType::F16);
-    let r = evaluate(model, &tokens, &config, Some(&reference), &mut |_, _| {}).unwrap();
-    let k = r.kld.clone().unwrap();
-    eprintln!(
-        "{stem}: perplexity {:.4} (reference {:.4}), KLD mean {:.6} median {:.6} p99 {:.6} \
-         max {:.6}, top-1 {:.2}%, mean |dp| {:.5}",
-        r.perplexity,
-        k.reference_perplexity,
-        k.mean,
-        k.median,
-        k.p99,
-        k.max,
-        k.top1_agreement * 100.0,
-        k.mean_abs_dp,
-    );
-    assert_eq!(r.positions, positions, "{stem}");
-    let ratio = r.perplexity / k.reference_perplexity;
-    assert!(
-        !trained || (ratio - 1.0).abs() <= 0.01,
-        "{stem}: perplexity ratio {ratio}"
-    );
-    k
-}
+use common::design_text_divergence;
 
 /// Gemma 3 270M against ik_llama.cpp. Measured (2026-12-01): mean KLD 0.0057, top-1 94.8%,
 /// perplexity 21.555 vs 21.515. The issue's 0.002 / 97% are below this reference's own
@@ -68,13 +26,8 @@ fn divergence(
 #[test]
 fn gemma3_next_token_distributions_match_ik_llama_cpp_on_the_design_text() {
     let model = LoadedModel::open(&airs_testdata::gemma_path(), 2).unwrap();
-    let k = divergence(
-        &model,
-        "gemma-3-270m-q4km.kld-design.kvf16",
-        1024,
-        1022,
-        true,
-    );
+    let stem = "gemma-3-270m-q4km.kld-design.kvf16";
+    let k = design_text_divergence(&model, stem, 1024, 2, KvType::F16, true);
     assert!(k.mean <= 0.0065, "mean KLD {}", k.mean);
     assert!(k.top1_agreement >= 0.94, "top-1 {}", k.top1_agreement);
 }
@@ -93,7 +46,7 @@ fn synthetic_qwen3_llama3_phi3_match_ik_llama_cpp_on_the_design_text() {
         recipe.write_file(&path, &vocab, 2).unwrap();
         let model = LoadedModel::open(&path, 2).unwrap();
         let stem = format!("{}-q8_0.kld-design.kvf16", shape.name());
-        let k = divergence(&model, &stem, 512, 1020, false);
+        let k = design_text_divergence(&model, &stem, 512, 4, KvType::F16, false);
         assert!(k.mean <= 0.002, "{stem}: mean KLD {}", k.mean);
         assert!(
             k.top1_agreement >= 0.97,

@@ -1,6 +1,8 @@
 //! The real Qwen2.5-Coder-0.5B (Q4_K_M, ChatML template): a short workload overflowing a pool of
 //! a few blocks evicts and rebuilds sessions (the turns of a time step served together), and
 //! every reply equals the reply of a run that never evicts.
+mod common;
+
 use std::sync::Arc;
 
 use airs_memory::PinPolicy;
@@ -53,47 +55,15 @@ fn qwen_sessions_rebuild_to_identical_replies() {
 #[test]
 fn qwen_next_token_distributions_match_llama_cpp_on_the_design_text() {
     use airs_engine::KvType;
-    use airs_runtime::perplexity::{KldReference, PerplexityConfig, evaluate, tokenize};
     let model = LoadedModel::open(&airs_testdata::qwen_path(), 2).unwrap();
-    let text =
-        std::fs::read_to_string(airs_testdata::repo_path("testdata/text/model-memory.md")).unwrap();
-    let tokens = tokenize(&model, &text);
     for (kv_type, min_top1) in [(KvType::F16, 0.975), (KvType::F32, 0.980)] {
         let stem = format!("qwen2.5-coder-0.5b-q4km.kld-design.kv{}", kv_type.name());
-        let bytes = std::fs::read(airs_testdata::repo_path(&format!(
-            "testdata/reference/{stem}.json"
-        )))
-        .unwrap();
-        let reference = KldReference::parse(&bytes).unwrap();
-        assert_eq!(reference.text_token_ids, tokens, "tokenization");
-        let config = PerplexityConfig::new(512, kv_type);
-        let r = evaluate(&model, &tokens, &config, Some(&reference), &mut |_, _| {}).unwrap();
-        let k = r.kld.clone().unwrap();
-        eprintln!(
-            "{stem}: perplexity {:.4} (reference {:.4}), KLD mean {:.6} median {:.6} p99 {:.6} \
-             max {:.6}, top-1 {:.2}%, mean |dp| {:.5}, {:.0} tokens/s",
-            r.perplexity,
-            k.reference_perplexity,
-            k.mean,
-            k.median,
-            k.p99,
-            k.max,
-            k.top1_agreement * 100.0,
-            k.mean_abs_dp,
-            r.tokens_per_s
-        );
-        assert_eq!((r.chunks, r.positions), (4, 1020));
+        let k = common::design_text_divergence(&model, &stem, 512, 4, kv_type, true);
         assert!(k.mean <= 0.0010, "{stem}: mean KLD {}", k.mean);
         assert!(
             k.top1_agreement >= min_top1,
             "{stem}: top-1 {}",
             k.top1_agreement
         );
-        let ratio = r.perplexity / k.reference_perplexity;
-        assert!(
-            (ratio - 1.0).abs() <= 0.01,
-            "{stem}: perplexity ratio {ratio}"
-        );
-        assert!((k.reference_perplexity - reference.perplexity(4)).abs() < 1e-9);
     }
 }

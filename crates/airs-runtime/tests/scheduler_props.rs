@@ -228,12 +228,9 @@ proptest! {
     }
 }
 
-/// Found by the property test: in a pool of 6 blocks, the preempted second choice of a
-/// two-choice request can never fit again, so the request fails while its first choice is
-/// already planned for the step; the step must drop that choice from its plan.
-#[test]
-fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
-    let op = |at, text, max_tokens, priority, n| Op {
+/// A request of the regression cases below: not hot, seed 0, never cancelled.
+fn fixed_op(at: u64, text: usize, max_tokens: usize, priority: Priority, n: usize) -> Op {
+    Op {
         at,
         text,
         max_tokens,
@@ -242,10 +239,17 @@ fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
         seed: 0,
         n,
         cancel_after: None,
-    };
+    }
+}
+
+/// Found by the property test: in a pool of 6 blocks, the preempted second choice of a
+/// two-choice request can never fit again, so the request fails while its first choice is
+/// already planned for the step; the step must drop that choice from its plan.
+#[test]
+fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
     let ops = vec![
-        op(5, 2, 29, Priority::System, 2),
-        op(0, 0, 1, Priority::Interactive, 1),
+        fixed_op(5, 2, 29, Priority::System, 2),
+        fixed_op(0, 0, 1, Priority::Interactive, 1),
     ];
     check(ops, 6, 16, 2).unwrap();
 }
@@ -255,22 +259,12 @@ fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
 /// not remove that one (it vanished without an end, and its request never completed).
 #[test]
 fn a_request_ending_never_removes_a_sequence_that_reused_its_slot() {
-    let op = |at, text, max_tokens, priority, n| Op {
-        at,
-        text,
-        max_tokens,
-        priority,
-        hot: false,
-        seed: 0,
-        n,
-        cancel_after: None,
-    };
     let ops = vec![
-        op(20, 0, 7, Priority::System, 2),
-        op(16, 0, 12, Priority::Interactive, 1),
-        op(21, 3, 10, Priority::System, 1),
-        op(9, 0, 12, Priority::Interactive, 1),
-        op(19, 0, 3, Priority::Background, 2),
+        fixed_op(20, 0, 7, Priority::System, 2),
+        fixed_op(16, 0, 12, Priority::Interactive, 1),
+        fixed_op(21, 3, 10, Priority::System, 1),
+        fixed_op(9, 0, 12, Priority::Interactive, 1),
+        fixed_op(19, 0, 3, Priority::Background, 2),
     ];
     check(ops, 10, 40, 3).unwrap();
 }

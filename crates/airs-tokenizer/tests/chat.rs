@@ -202,3 +202,19 @@ fn a_non_string_template_is_an_error() {
     let err = ChatTemplate::from_gguf(&gguf, &tokenizer).unwrap_err();
     assert_eq!(err.kind(), &ChatTemplateErrorKind::NotAString);
 }
+
+/// The Gemma fallback: turns as `<start_of_turn>role`, the assistant's role written `model`,
+/// system messages prefixed to the next user turn (Gemma has no system role), and the model's
+/// turn opened for generation.
+#[test]
+fn the_gemma_fallback_renders_gemma_turns() {
+    let template =
+        ChatTemplate::new(airs_tokenizer::chat::GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
+    assert_eq!(
+        template.render(&conversation(), true).unwrap(),
+        "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n\
+         <start_of_turn>model\nHello.<end_of_turn>\n\
+         <start_of_turn>user\n2+2?<end_of_turn>\n\
+         <start_of_turn>model\n"
+    );
+}
