@@ -2,12 +2,14 @@
 //! repetitions (these machines are noisy), with the weight bytes each decoded token streams
 //! and the memory bandwidth that implies. Each repetition is one request through the runtime's
 //! scheduler (the paged KV cache the product uses, greedy, end-of-generation ignored), with a
-//! fresh KV pool, so nothing is served from the prefix cache.
+//! fresh KV pool, so nothing is served from the prefix cache. Before and after the repetitions
+//! a read-bandwidth probe (`airs_engine::bandwidth`) runs on the same threads, and decode's
+//! weight bandwidth is reported as a fraction of the faster of the two.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use airs_engine::KvType;
+use airs_engine::{KvType, probe_read_bandwidth};
 use airs_runtime::fit::single_sequence_config;
 use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
 use airs_tokenizer::EncodeOptions;
@@ -33,6 +35,9 @@ pub struct BenchDecodeArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Size of the read-bandwidth probe run before and after the repetitions (0: no probe).
+    #[arg(long, default_value_t = 256)]
+    pub probe_mib: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -122,6 +127,14 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
          {context}"
     );
     let prompt = prompt_tokens(&model, args.prompt_tokens);
+    let probe = |runtime: &airs_engine::Runtime| {
+        (args.probe_mib > 0).then(|| {
+            probe_read_bandwidth(&runtime.pool, runtime.isa, args.probe_mib << 20, 5)
+                .median_bytes_per_s
+                / 1e9
+        })
+    };
+    let probe_before = probe(&model.runtime);
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     for _ in 0..args.reps.max(1) {
         let done = greedy_request(&model, &prompt, args.gen_tokens, args.kv_type)?;
@@ -131,6 +144,9 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
     }
     let prefill_tps = median(&mut prefill);
     let decode_tps = median(&mut decode);
+    let probe_after = probe(&model.runtime);
+    // Against the faster probe, so a slow minute never flatters decode.
+    let probe_gbps = probe_before.zip(probe_after).map(|(b, a)| b.max(a));
     let bytes_per_token = model.model.weight_bytes_per_token();
     let gbps = bytes_per_token as f64 * decode_tps / 1e9;
     let isa = model.runtime.isa;
@@ -151,6 +167,8 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             "decode_tokens_per_s_all": decode,
             "weight_bytes_per_token": bytes_per_token,
             "decode_weight_gb_per_s": gbps,
+            "read_probe_gb_per_s": [probe_before, probe_after],
+            "decode_fraction_of_probe": probe_gbps.map(|p| gbps / p),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -179,6 +197,14 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             bytes_per_token as f64 / 1e6,
             gbps
         );
+        if let (Some(before), Some(after), Some(best)) = (probe_before, probe_after, probe_gbps) {
+            println!(
+                "  read probe {before:.1} GB/s before, {after:.1} after ({} MiB, {threads} threads) \
+                 → decode at {:.0}% of it",
+                args.probe_mib,
+                100.0 * gbps / best
+            );
+        }
     }
     Ok(())
 }

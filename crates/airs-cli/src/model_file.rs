@@ -29,6 +29,10 @@ pub struct LoaderArgs {
     /// or mmap where userfaultfd is not permitted]
     #[arg(long, value_name = "LOADER", value_parser = loader_parser())]
     pub loader: Option<LoaderKind>,
+    /// Keep the weights in the file's layout in memory (by default the eager and lazy loaders
+    /// repack the matrices this CPU's kernels read faster interleaved; results are identical).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 /// Parses `eager|mmap|lazy`, listing them in `--help` and in errors.
@@ -42,7 +46,10 @@ pub fn loader_parser() -> impl TypedValueParser<Value = LoaderKind> {
 impl LoaderArgs {
     /// Load options with the chosen loader and the defaults for everything else.
     pub fn options(&self) -> LoadOptions {
-        LoadOptions::with_loader(self.loader.unwrap_or_default())
+        LoadOptions {
+            repack: !self.no_repack,
+            ..LoadOptions::with_loader(self.loader.unwrap_or_default())
+        }
     }
 }
 

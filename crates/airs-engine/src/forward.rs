@@ -250,12 +250,9 @@ impl Model {
         let mut x = vec![0.0f32; n_rows * n_embd];
         let all_tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &tok) in x.chunks_exact_mut(n_embd).zip(all_tokens) {
-            airs_kernels::dequantize_row(
-                self.token_embd.ty,
-                self.token_embd.row(image, tok as usize),
-                row,
-            )
-            .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
+            self.token_embd
+                .dequantize_row(image, tok as usize, row)
+                .map_err(|e| EngineError::bad_tensor("token_embd.weight", e.to_string()))?;
         }
         if let Some(scale) = cfg.embedding_scale {
             x.iter_mut().for_each(|v| *v *= scale);

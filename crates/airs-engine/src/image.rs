@@ -19,13 +19,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use airs_gguf::{Gguf, LayerMap};
+use airs_kernels::Isa;
 use airs_memory::{
-    LoadOptions, LoaderHandle, MemoryError, ModelRegion, ModelRegistry, Notice, RegionLayout,
-    RegionRef, RegistryError, Span, SpanKind,
+    LoadOptions, LoaderHandle, LoaderKind, MemoryError, ModelRegion, ModelRegistry, Notice,
+    RegionLayout, RegionRef, RegistryError, Span, SpanKind, Transform,
 };
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::model::Model;
+use crate::repack::{RepackPlan, plan_of};
 
 /// The bytes of a model file, byte `i` of the image being byte `i` of the file.
 pub trait ModelImage: Send + Sync {
@@ -45,6 +47,11 @@ pub trait ModelImage: Send + Sync {
     /// passes overlap the load.
     fn is_loading(&self) -> bool {
         false
+    }
+
+    /// The repack plan whose layout the image's weights are in, if the loader applied one.
+    fn repack_plan(&self) -> Option<&RepackPlan> {
+        None
     }
 }
 
@@ -145,6 +152,10 @@ impl ModelImage for RegionImage {
     fn is_loading(&self) -> bool {
         !self.loader.is_resident()
     }
+
+    fn repack_plan(&self) -> Option<&RepackPlan> {
+        self.region().transform().and_then(|t| plan_of(&**t))
+    }
 }
 
 fn load_err(e: &MemoryError) -> EngineError {
@@ -201,9 +212,28 @@ pub fn layout_from_gguf(gguf: &Gguf<'_>) -> RegionLayout {
 /// The region layout of the GGUF file at `path`, from its header alone: the file is mapped
 /// read-only and parsed in place, which reads the header's pages and none of the tensor data.
 pub fn region_layout(path: &Path) -> Result<RegionLayout, EngineError> {
+    Ok(prepare_load(path, &LoadOptions::default(), None)?.0)
+}
+
+/// The layout of `path` and the load options to use: `options`, plus (when `repack_for` names
+/// an instruction set and the loader copies the file) the [`RepackPlan`] that stores the
+/// matrices `repack_for` multiplies faster repacked in that layout.
+fn prepare_load(
+    path: &Path,
+    options: &LoadOptions,
+    repack_for: Option<Isa>,
+) -> Result<(RegionLayout, LoadOptions), EngineError> {
     let map = MappedFile::open(path)?;
     let gguf = Gguf::parse(map.bytes())?;
-    Ok(layout_from_gguf(&gguf))
+    let mut options = options.clone();
+    let copies = options.loader != LoaderKind::Mmap && options.repack;
+    if let Some(isa) = repack_for.filter(|_| copies && options.transform.is_none()) {
+        let chunk_bytes = airs_memory::load_chunk_bytes(options.chunk_bytes);
+        if let Some(plan) = RepackPlan::new(&gguf, chunk_bytes, isa) {
+            options.transform = Some(Transform(Arc::new(plan)));
+        }
+    }
+    Ok((layout_from_gguf(&gguf), options))
 }
 
 /// A model file loaded (or loading) into a model region.
@@ -247,10 +277,17 @@ impl OpenedModel {
 /// region can be read — after the whole file for `eager`, at once for `mmap` and `lazy`.
 /// A `lazy` request where userfaultfd is not permitted runs as `mmap` and says so in
 /// [`OpenedModel::notices`].
-pub fn open_model(path: &Path, options: &LoadOptions) -> Result<OpenedModel, EngineError> {
-    let layout = region_layout(path)?;
+///
+/// `repack_for`: the instruction set the model will run with, whose fast kernels decide which
+/// matrices the loader repacks (see [`crate::repack`]); `None` keeps the file's layout.
+pub fn open_model(
+    path: &Path,
+    options: &LoadOptions,
+    repack_for: Option<Isa>,
+) -> Result<OpenedModel, EngineError> {
+    let (layout, options) = prepare_load(path, options, repack_for)?;
     let load_started = Instant::now();
-    let region = ModelRegion::load(path, layout.clone(), options).map_err(|e| load_err(&e))?;
+    let region = ModelRegion::load(path, layout.clone(), &options).map_err(|e| load_err(&e))?;
     let notices = region.notices();
     Ok(OpenedModel {
         image: Arc::new(RegionImage::new(&region)),
@@ -269,8 +306,10 @@ pub fn open_model_in(
     registry: &ModelRegistry,
     path: &Path,
     options: &LoadOptions,
+    repack_for: Option<Isa>,
 ) -> Result<OpenedModel, EngineError> {
-    let layout = region_layout(path)?;
+    let (layout, options) = prepare_load(path, options, repack_for)?;
+    let options = &options;
     let load_started = Instant::now();
     let registry_err = |e: RegistryError| match e {
         RegistryError::Load { source, .. } => load_err(&source),

@@ -1,8 +1,10 @@
 //! airs-engine: the inference engine — model weights read in place from a model image, the
 //! llama/qwen2 forward pass as one step over a batch of sequences, KV caches (contiguous and
-//! paged), and the sampler, on an explicit thread pool. Generation (the decode loop, stop
+//! paged), and the sampler, on an explicit thread pool; `repack` plans which matrices the loader
+//! stores in the kernels' interleaved layout, and `bandwidth` probes the memory they stream from. Generation (the decode loop, stop
 //! strings, scheduling) lives in airs-runtime.
 
+pub mod bandwidth;
 pub mod error;
 pub mod footprint;
 pub mod forward;
@@ -13,8 +15,10 @@ pub mod model;
 pub mod paged;
 mod par;
 pub mod pool;
+pub mod repack;
 pub mod sampler;
 
+pub use bandwidth::{ReadBandwidth, probe_read_bandwidth};
 pub use error::{EngineError, EngineErrorKind};
 pub use forward::{BatchOutput, BatchSeq, Logits, Output, Runtime};
 pub use image::{MappedFile, ModelImage, OwnedImage, StaticImage};

@@ -31,6 +31,9 @@ pub struct TensorRef {
     pub offset: usize,
     /// Bytes per row.
     pub row_bytes: usize,
+    /// Groups of 16 rows the loader repacked into the rows16 layout (bit `g`: rows
+    /// `16g..16g+16`; see [`crate::repack`]); `None`: every row as in the file.
+    pub packed: Option<Arc<[u64]>>,
 }
 
 impl TensorRef {
@@ -60,7 +63,15 @@ impl TensorRef {
             rows,
             offset: info.offset as usize,
             row_bytes,
+            packed: None,
         })
+    }
+
+    /// Whether group `g` (rows `16g..16g+16`) is in the rows16 layout.
+    pub fn is_packed(&self, g: usize) -> bool {
+        self.packed
+            .as_ref()
+            .is_some_and(|bits| bits.get(g / 64).is_some_and(|w| w >> (g % 64) & 1 == 1))
     }
 
     /// Total bytes of the tensor.
@@ -84,6 +95,7 @@ impl TensorRef {
     /// tensor, read in place).
     fn sub_rows(&self, first: usize, rows: usize) -> TensorRef {
         assert!(first + rows <= self.rows, "row range inside the tensor");
+        assert!(self.packed.is_none(), "fused matrices are never repacked");
         TensorRef {
             rows,
             offset: self.offset + first * self.row_bytes,
@@ -91,10 +103,28 @@ impl TensorRef {
         }
     }
 
-    /// Row `row`'s bytes within `image`.
+    /// Row `row`'s bytes within `image`, for a tensor in the file's layout (the rows of a
+    /// repacked group are interleaved with their neighbours': use [`Self::dequantize_row`]).
     pub fn row<'a>(&self, image: &'a [u8], row: usize) -> &'a [u8] {
+        debug_assert!(!self.is_packed(row / airs_kernels::rows16::GROUP_ROWS));
         let start = self.offset + row * self.row_bytes;
         &image[start..start + self.row_bytes]
+    }
+
+    /// Decode row `row` from `image` into `out` (`cols` values), in either layout.
+    pub fn dequantize_row(
+        &self,
+        image: &[u8],
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), airs_kernels::KernelError> {
+        const G: usize = airs_kernels::rows16::GROUP_ROWS;
+        if self.is_packed(row / G) {
+            let start = self.offset + row / G * G * self.row_bytes;
+            let group = &image[start..start + G * self.row_bytes];
+            return airs_kernels::rows16::dequantize_row(self.ty, self.cols, group, row % G, out);
+        }
+        airs_kernels::dequantize_row(self.ty, self.row(image, row), out)
     }
 }
 
@@ -155,8 +185,8 @@ impl Model {
             }
         };
 
-        let token_embd = matrix("token_embd.weight", n_embd, config.vocab_len)?;
-        let output = if config.tied_output {
+        let mut token_embd = matrix("token_embd.weight", n_embd, config.vocab_len)?;
+        let mut output = if config.tied_output {
             token_embd.clone()
         } else {
             matrix("output.weight", n_embd, config.vocab_len)?
@@ -232,6 +262,28 @@ impl Model {
                 w_down: matrix(&name("ffn_down.weight"), ff, n_embd)?,
                 post_ffn_norm: wanted(&name("post_ffw_norm.weight"), n_embd, config.post_norms)?,
             });
+        }
+        // Where the loader repacked matrices, say which groups, by the plan's own rule.
+        if let Some(plan) = image.repack_plan() {
+            let mark = |t: &mut TensorRef| t.packed = plan.packed_groups(t.offset as u64);
+            for l in &mut layers {
+                for t in [
+                    &mut l.wq,
+                    &mut l.wk,
+                    &mut l.wv,
+                    &mut l.wo,
+                    &mut l.w_gate,
+                    &mut l.w_up,
+                    &mut l.w_down,
+                ] {
+                    // Slices of fused matrices start inside an unplanned tensor: no match.
+                    mark(t);
+                }
+            }
+            mark(&mut output);
+            if config.tied_output {
+                token_embd.packed = output.packed.clone();
+            }
         }
         Ok(Model {
             image,

@@ -50,6 +50,8 @@ impl<'a, T> DisjointOut<'a, T> {
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Repacked weight rows unpacked for the tiled prefill kernels.
+    static NATURAL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Activations prepared for the tiled kernels, on the thread that calls `matmul`.
     static PREP: RefCell<PreparedActs> = RefCell::new(PreparedActs::new());
 }
@@ -112,6 +114,12 @@ pub(crate) fn matmul(
     debug_assert_eq!(out.len(), tokens * rows);
     let data = w.data(image);
     let threads = pool.threads();
+    // Repacked matrices: the rows16 kernels up to 16 tokens; beyond, the tiled kernels (their
+    // register tiles beat the rows16 kernel's 16-token passes) over groups unpacked per call.
+    if w.packed.is_some() && tokens <= airs_kernels::rows16::GROUP_ROWS {
+        matmul_packed(pool, isa, w, data, acts, tokens, out);
+        return;
+    }
     if tokens > 1 {
         let done = PREP.with(|prep| {
             let mut prep = prep.borrow_mut();
@@ -126,6 +134,10 @@ pub(crate) fn matmul(
         if done {
             return;
         }
+    }
+    if w.packed.is_some() {
+        matmul_packed(pool, isa, w, data, acts, tokens, out);
+        return;
     }
     // Enough chunks for balance on a noisy machine, each a multiple of the kernels' 16-row
     // tiles.
@@ -208,17 +220,106 @@ fn matmul_prepared(
     pool.for_chunks(rows, chunk, &|range| {
         let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
         let width = range.len();
-        TILE.with(|tile| {
-            let mut tile = tile.borrow_mut();
-            tile.resize(tokens * width, 0.0);
-            airs_kernels::matmul_prepared(isa, w.ty, w.cols, w_rows, prep, &mut tile, width)
-                .expect("matmul geometry checked at model load");
-            for t in 0..tokens {
-                let start = t * rows + range.start;
-                // SAFETY: row ranges of different chunks are disjoint within every token row.
-                let o = unsafe { writer.slice(start..start + width) };
-                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-            }
+        NATURAL.with(|natural| {
+            let mut natural = natural.borrow_mut();
+            let w_rows = if w.packed.is_some() {
+                unpack_rows(w, range.clone(), w_rows, &mut natural)
+            } else {
+                w_rows
+            };
+            TILE.with(|tile| {
+                let mut tile = tile.borrow_mut();
+                tile.resize(tokens * width, 0.0);
+                airs_kernels::matmul_prepared(isa, w.ty, w.cols, w_rows, prep, &mut tile, width)
+                    .expect("matmul geometry checked at model load");
+                for t in 0..tokens {
+                    let start = t * rows + range.start;
+                    // SAFETY: row ranges of different chunks are disjoint within every token row.
+                    let o = unsafe { writer.slice(start..start + width) };
+                    o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+                }
+            });
         });
+    });
+}
+
+/// The rows `range` of `w` (their bytes `w_rows`) in the file's layout: repacked groups
+/// unpacked into `buf`.
+fn unpack_rows<'a>(
+    w: &TensorRef,
+    range: Range<usize>,
+    w_rows: &[u8],
+    buf: &'a mut Vec<u8>,
+) -> &'a [u8] {
+    const G: usize = airs_kernels::rows16::GROUP_ROWS;
+    debug_assert!(range.start.is_multiple_of(G));
+    buf.clear();
+    buf.extend_from_slice(w_rows);
+    let group_bytes = G * w.row_bytes;
+    for (i, group) in buf.chunks_exact_mut(group_bytes).enumerate() {
+        if w.is_packed(range.start / G + i) {
+            let packed = &w_rows[i * group_bytes..(i + 1) * group_bytes];
+            airs_kernels::rows16::unpack_group(w.ty, w.cols, packed, group)
+                .expect("repacked geometry checked by the plan");
+        }
+    }
+    buf
+}
+
+/// [`matmul`] of a matrix the loader repacked (see [`crate::repack`]): row chunks of whole
+/// 16-row groups, each split into runs of repacked groups (the rows16 kernels, any number of
+/// tokens) and of groups in the file's layout (the ordinary kernels). Both are bit-identical
+/// to the scalar reference, so the split never shows in the results.
+fn matmul_packed(
+    pool: &ThreadPool,
+    isa: Isa,
+    w: &TensorRef,
+    data: &[u8],
+    acts: &[u8],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    const G: usize = airs_kernels::rows16::GROUP_ROWS;
+    let rows = w.rows;
+    let chunk = (rows / (pool.threads() * 8)).next_multiple_of(G).max(G);
+    let act_row_bytes = acts.len() / tokens.max(1);
+    let acts = &acts[..tokens * act_row_bytes];
+    let writer = DisjointOut::new(out);
+    pool.for_chunks(rows, chunk, &|range| {
+        let mut r0 = range.start;
+        while r0 < range.end {
+            let packed = w.is_packed(r0 / G);
+            let mut r1 = (r0 + G).min(range.end);
+            while r1 < range.end && w.is_packed(r1 / G) == packed {
+                r1 = (r1 + G).min(range.end);
+            }
+            let w_rows = &data[r0 * w.row_bytes..r1 * w.row_bytes];
+            let width = r1 - r0;
+            let run = |o: &mut [f32], stride: usize| {
+                if packed {
+                    airs_kernels::rows16::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
+                } else {
+                    airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
+                }
+                .expect("matmul geometry checked at model load");
+            };
+            if tokens == 1 {
+                // SAFETY: chunks partition 0..rows and runs partition each chunk.
+                run(unsafe { writer.slice(r0..r1) }, width);
+            } else {
+                TILE.with(|tile| {
+                    let mut tile = tile.borrow_mut();
+                    tile.resize(tokens * width, 0.0);
+                    run(&mut tile, width);
+                    for t in 0..tokens {
+                        let start = t * rows + r0;
+                        // SAFETY: runs of different chunks are disjoint within every token row.
+                        let o = unsafe { writer.slice(start..start + width) };
+                        o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+                    }
+                });
+            }
+            r0 = r1;
+        }
     });
 }

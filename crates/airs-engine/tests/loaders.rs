@@ -76,7 +76,7 @@ fn assert_bitwise_equal(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
 }
 
 fn open(path: &Path, options: &LoadOptions) -> OpenedModel {
-    open_model(path, options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    open_model(path, options, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn has_notice(opened: &OpenedModel, kind: NoticeKind) -> bool {
@@ -133,6 +133,75 @@ fn loaders_match_baseline(path: &Path, prompt: &[u32], steps: usize) {
             "{name}: the image holds one session"
         );
     }
+}
+
+/// Loaders that repack matrices for `rt`'s kernels (`airs_engine::repack`) yield bitwise the
+/// logits of the file's layout, with whole load chunks and with 64 KiB chunks (where many
+/// 16-row groups straddle a chunk and stay in the file's layout), for a prompt longer than the
+/// rows16 kernels' 16 tokens (the tiled kernels over unpacked groups), a short one and decode.
+fn repacked_loaders_match_baseline(path: &Path, prompts: &[&[u32]], steps: usize) -> usize {
+    let rt = Runtime::new(2);
+    let mut packed_matrices = 0;
+    for prompt in prompts {
+        let want = baseline(path, &rt, prompt, steps);
+        for (name, options) in [
+            ("eager", LoadOptions::with_loader(LoaderKind::Eager)),
+            ("lazy", LoadOptions::with_loader(LoaderKind::Lazy)),
+            (
+                "lazy, 64 KiB chunks",
+                LoadOptions {
+                    chunk_bytes: 64 * KIB,
+                    ..LoadOptions::with_loader(LoaderKind::Lazy)
+                },
+            ),
+        ] {
+            let opened = open_model(path, &options, Some(rt.isa)).unwrap();
+            let model = opened.model().unwrap();
+            let got = run(&model, &rt, prompt, steps);
+            assert_bitwise_equal(&format!("{name}, repacked"), &got, &want);
+            let matrices = model
+                .layers
+                .iter()
+                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+                .chain([&model.output]);
+            packed_matrices = matrices.filter(|t| t.packed.is_some()).count();
+            let planned = opened.region().transform().is_some();
+            assert_eq!(planned, packed_matrices > 0, "{name}");
+        }
+    }
+    packed_matrices
+}
+
+#[test]
+fn qwen_repacked_weights_give_bitwise_identical_logits() {
+    let long = Reference::load("qwen2.5-coder-0.5b-q4km.chat-prime.kvf32").prompt_token_ids;
+    assert!(long.len() > 16, "the long prompt takes the tiled kernels");
+    let packed = repacked_loaders_match_baseline(&qwen_path(), &[&long, &qwen_prompt()[..3]], 3);
+    // Its Q5_0 and Q8_0 matrices have a rows16 layout; AVX-512 VNNI multiplies it fast.
+    let fast = airs_kernels::rows16::fast(Runtime::new(1).isa, airs_gguf::GgmlType::Q8_0);
+    assert_eq!(packed > 0, fast, "{packed} repacked matrices");
+}
+
+#[test]
+fn gemma_repacked_weights_with_the_tied_embedding_give_bitwise_identical_logits() {
+    // Gemma's output is its Q8_0 embedding matrix: repacked, and looked up row by row.
+    let prompt: Vec<u32> = (0..20).map(|i| 2 + 7919 * i % 262_000).collect();
+    let path = airs_testdata::gemma_path();
+    let packed = repacked_loaders_match_baseline(&path, &[&prompt, &prompt[..2]], 3);
+    let fast = airs_kernels::rows16::fast(Runtime::new(1).isa, airs_gguf::GgmlType::Q8_0);
+    assert_eq!(packed > 0, fast, "{packed} repacked matrices");
+    let opened = open_model(
+        &path,
+        &LoadOptions::with_loader(LoaderKind::Eager),
+        Some(Runtime::new(1).isa),
+    )
+    .unwrap();
+    let model = opened.model().unwrap();
+    assert_eq!(
+        model.token_embd.packed.is_some(),
+        fast,
+        "the tied embedding is repacked"
+    );
 }
 
 #[test]

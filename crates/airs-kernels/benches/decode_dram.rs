@@ -2,8 +2,10 @@
 //! not fit in the caches (a ring of copies ≥ 256 MiB), rows split between the threads as the
 //! engine splits them (chunks of 64 rows handed out in turn). Reports GB/s of weight bytes.
 //!
-//! Modes: `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot` call
-//! per row, what `matmul` did before). Each case reports the fastest of several passes over
+//! Modes: `stream` (the read-bandwidth probe's kernel over the same bytes in the same chunks:
+//! the ceiling), `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot`
+//! call per row, what `matmul` did before); `rows16` the same product on the matrices repacked
+//! into the 16-row interleaved layout the loaders write (`rows16::matmul`). Each case reports the fastest of several passes over
 //! the ring, so a noisy machine mostly costs time, not accuracy.
 //!
 //! `cargo bench -p airs-kernels --bench decode_dram [-- FILTER...]`.
@@ -12,7 +14,9 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use airs_kernels::{GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes};
+use airs_kernels::{
+    GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes, rows16, xor_fold,
+};
 
 /// (type, rows, n): Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and ffn_down (Q4_K/Q6_K), TinyLlama
 /// ffn_up and ffn_down (Q4_K_M and Q8_0 files).
@@ -28,7 +32,14 @@ const CASES: [(GgmlType, usize, usize); 9] = [
     (GgmlType::Q8_0, 2048, 5632),
 ];
 
-const RING_BYTES: usize = 256 << 20;
+/// Bytes of distinct matrix copies cycled through (`AIRS_BENCH_RING_MIB` overrides, e.g. 1
+/// to measure from cache).
+fn ring_bytes() -> usize {
+    std::env::var("AIRS_BENCH_RING_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(256 << 20, |m| m << 20)
+}
 const CHUNK: usize = 64;
 
 fn floats(n: usize, seed: u64) -> Vec<f32> {
@@ -61,7 +72,7 @@ fn main() {
                 q
             })
             .collect();
-        let copies = RING_BYTES.div_ceil(matrix);
+        let copies = ring_bytes().div_ceil(matrix);
         let ring: Vec<Vec<u8>> = (0..copies)
             .map(|c| {
                 (0..rows)
@@ -69,13 +80,33 @@ fn main() {
                     .collect()
             })
             .collect();
+        // The same matrices in the rows16 layout the loader repacks into, where `ty` has one.
+        let packed_ring: Vec<Vec<u8>> = if rows16::has_layout(ty) {
+            let group = rows16::GROUP_ROWS * wrb;
+            ring.iter()
+                .map(|m| {
+                    let mut p = m.clone();
+                    for (src, dst) in m.chunks_exact(group).zip(p.chunks_exact_mut(group)) {
+                        rows16::repack_group(ty, n, src, dst).unwrap();
+                    }
+                    p
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let act = act_type(ty).unwrap();
         let mut a = vec![0u8; act.row_bytes(n)];
         quantize_act(act, &floats(n, 99), &mut a).unwrap();
         for threads in [1usize, 2] {
-            for mode in ["matmul", "rowdot"] {
+            for mode in ["stream", "rows16", "matmul", "rowdot"] {
                 let label = format!("{} {rows}x{n} t{threads} {mode}", ty.name());
-                if !wanted(&label) {
+                let ring = if mode == "rows16" {
+                    &packed_ring
+                } else {
+                    &ring
+                };
+                if !wanted(&label) || ring.is_empty() {
                     continue;
                 }
                 let passes = 4;
@@ -147,8 +178,15 @@ fn run_one(
         let r0 = c * CHUNK;
         let r1 = (r0 + CHUNK).min(rows);
         let w = &m[r0 * wrb..r1 * wrb];
-        if mode == "matmul" {
-            matmul(
+        if mode == "stream" {
+            out[r0] = xor_fold(isa, black_box(w)) as f32;
+        } else if mode == "rows16" || mode == "matmul" {
+            let product = if mode == "rows16" {
+                rows16::matmul
+            } else {
+                matmul
+            };
+            product(
                 isa,
                 ty,
                 n,

@@ -36,7 +36,7 @@
 
 use crate::{ActType, GgmlType, Isa, QK_K, TypeKernels};
 
-mod reference;
+pub(crate) mod reference;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -1,7 +1,9 @@
 //! airs-kernels: dot products and matrix products on weights in their GGUF encoding.
 //!
 //! Weights are never copied or dequantized into owned buffers: every kernel reads a weight row
-//! as the raw bytes of its ggml blocks, in place (from the mapped file or the model region).
+//! as the raw bytes of its ggml blocks, in place (from the mapped file or the model region) —
+//! either in the file's layout or, for matrices the loader repacked, in the 16-row interleaved
+//! layout of [`rows16`] (the same bytes permuted, the same results).
 //! Activations are quantized once per matmul into the encoding ggml pairs with each weight
 //! type (`ActType`: Q8_0 for the legacy quants, Q8_K for the k-quants, F16/BF16/F32 for float
 //! weights), exactly as llama.cpp does, so results match it closely.
@@ -25,10 +27,13 @@ mod act_simd;
 mod isa;
 mod kquants;
 mod legacy;
+pub mod rows16;
+mod stream;
 mod tiled;
 
 pub use airs_gguf::{GgmlType, QK_K};
 pub use isa::Isa;
+pub use stream::xor_fold;
 pub use tiled::PreparedActs;
 
 /// The encoding of activations that a weight type's dot product consumes.

@@ -27,10 +27,12 @@
 //!
 //! Where the design comes from: the interleaved-row ("_R8/_R16") kernels of ik_llama.cpp's
 //! `iqk_mul_mat` and llamafile's `tinyBLAS` (register tiles of rows × tokens, weights unpacked
-//! once per tile), except that airs never changes the weights in the model file: the repack is
-//! per matmul call, into a per-thread buffer, and costs O(weights) against O(weights × tokens)
-//! of arithmetic. x86 stores codes biased by +128 (`vpdpbusd` multiplies unsigned by signed
-//! bytes) and removes the bias exactly by starting from the activations' `−128·Σy`.
+//! once per tile); the repack is per matmul call, into a per-thread buffer, and costs
+//! O(weights) against O(weights × tokens) of arithmetic. (Matrices the loader repacked into
+//! [`crate::rows16`] are unpacked for these kernels first; up to 16 tokens they take the
+//! rows16 kernels instead, which need no repack.) x86 stores codes biased by +128
+//! (`vpdpbusd` multiplies unsigned by signed bytes) and removes the bias exactly by starting
+//! from the activations' `−128·Σy`.
 //!
 //! Cost: repacking reads each weight byte once per call (≈ 10 GB/s per core on x86, ≈ 2 % of a
 //! 512-token prefill; it sets the crossover below which [`worth_tiling`] sends few tokens to

@@ -40,6 +40,7 @@ use crate::region::{
 };
 use crate::storage::{Storage, sleep_until};
 use crate::sys::{self, AnonMapping};
+use crate::transform::Transform;
 use crate::uffd::Userfaultfd;
 
 /// Why the lazy loader could not start.
@@ -123,6 +124,7 @@ pub(crate) fn start(
         finalize: FinalizeOptions::from_load(o, huge_page_size),
         collapse_early: huge_pages_usable(&FinalizeOptions::from_load(o, huge_page_size)),
         fault_filled: Mutex::new(Vec::new()),
+        transform: o.transform.clone(),
     });
     let spawn_err =
         |e: std::io::Error| MemoryError::with_io(ErrorKind::Userfaultfd, "spawn loader thread", e);
@@ -149,11 +151,14 @@ pub(crate) fn start(
         shared,
         Some(background),
         huge_page_size,
+        o.transform.clone(),
     )))
 }
 
 /// What the handler and background threads share.
 struct Worker {
+    /// Rewrites each chunk between its read and its copy into the region.
+    transform: Option<Transform>,
     shared: Arc<Shared>,
     map: Arc<AnonMapping>,
     uffd: Userfaultfd,
@@ -326,6 +331,9 @@ impl Worker {
             });
             if self.shared.error.get().is_none() {
                 let loaded = ready.and_then(|()| {
+                    if let Some(t) = &self.transform {
+                        t.0.apply(r.start, &mut buf[..len]);
+                    }
                     buf[len..copy_len].fill(0);
                     self.uffd
                         .copy_all(self.map.addr() + offset, &buf[..copy_len], self.page_size)

@@ -46,6 +46,7 @@ pub mod prefix;
 mod region;
 mod storage;
 mod sys;
+mod transform;
 pub mod uffd;
 
 pub use error::{ErrorKind, MemoryError, Result};
@@ -56,9 +57,11 @@ pub use kv_pool::{
 pub use layout::{RegionLayout, Span, SpanKind};
 pub use loader::{
     DEFAULT_CHUNK_BYTES, LoadOptions, LoadProgress, LoaderHandle, LoaderKind, MIN_CHUNK_BYTES,
+    load_chunk_bytes,
 };
 pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStats};
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
+pub use transform::{ChunkTransform, Transform};
 pub mod registry;
 pub use account::{ChargeInfo, ModelPool, PoolCharge, PoolFull, PoolUsage, PoolUse};
 pub use budget::{ModelPoolTooLarge, PoolBudget};

@@ -27,6 +27,7 @@ use crate::region::{
 };
 use crate::storage::Storage;
 use crate::sys::{self, AnonMapping, FileMapping};
+use crate::transform::Transform;
 
 /// Smallest allowed `chunk_bytes` (the kernel's own fault-around is 64 KiB).
 pub const MIN_CHUNK_BYTES: usize = 64 << 10;
@@ -100,6 +101,13 @@ pub struct LoadOptions {
     pub force_no_mlock_onfault: bool,
     /// Test hook: behave as if transparent huge pages were unavailable.
     pub force_no_thp: bool,
+    /// Rewrite each chunk as it is copied into the region (eager and lazy; see
+    /// [`crate::ChunkTransform`]).
+    pub transform: Option<Transform>,
+    /// Whether the engine may plan a `transform` of its own when none is given (weights
+    /// repacked for its kernels: `airs_engine::repack`). The loaders themselves only apply
+    /// `transform`.
+    pub repack: bool,
 }
 
 impl Default for LoadOptions {
@@ -115,6 +123,8 @@ impl Default for LoadOptions {
             force_no_mlock: false,
             force_no_mlock_onfault: false,
             force_no_thp: false,
+            transform: None,
+            repack: true,
         }
     }
 }
@@ -256,6 +266,12 @@ impl LoaderHandle {
     }
 }
 
+/// The chunk size a load with `chunk_bytes` in its options actually uses (rounded up to the
+/// base page size): what a [`crate::ChunkTransform`] must be planned for.
+pub fn load_chunk_bytes(chunk_bytes: usize) -> u64 {
+    sys::round_up(chunk_bytes, sys::page_size()) as u64
+}
+
 pub(crate) fn load(path: &Path, layout: RegionLayout, o: &LoadOptions) -> Result<Arc<ModelRegion>> {
     let started = Instant::now();
     if o.chunk_bytes < MIN_CHUNK_BYTES {
@@ -264,7 +280,7 @@ pub(crate) fn load(path: &Path, layout: RegionLayout, o: &LoadOptions) -> Result
             format!("chunk_bytes {} is below {MIN_CHUNK_BYTES}", o.chunk_bytes),
         ));
     }
-    let chunk_bytes = sys::round_up(o.chunk_bytes, sys::page_size()) as u64;
+    let chunk_bytes = load_chunk_bytes(o.chunk_bytes);
     let (storage, file_len) = Storage::open(path, o.storage_bytes_per_s)?;
     if file_len == 0 || layout.file_len != file_len {
         return Err(MemoryError::new(
@@ -277,6 +293,17 @@ pub(crate) fn load(path: &Path, layout: RegionLayout, o: &LoadOptions) -> Result
         ));
     }
     layout.validate()?;
+    if let Some(t) = &o.transform
+        && t.0.chunk_bytes() != chunk_bytes
+    {
+        return Err(MemoryError::new(
+            ErrorKind::Config,
+            format!(
+                "the chunk transform was planned for {}-byte chunks, the load uses {chunk_bytes}",
+                t.0.chunk_bytes()
+            ),
+        ));
+    }
     usize::try_from(file_len)
         .ok()
         .filter(|&n| n < isize::MAX as usize / 2)
@@ -352,7 +379,11 @@ fn load_eager(
             if end < file_len {
                 storage.will_need(end, chunk_bytes.min(file_len - end));
             }
-            storage.read_exact_at(start, &mut dst[start as usize..end as usize])?;
+            let chunk = &mut dst[start as usize..end as usize];
+            storage.read_exact_at(start, chunk)?;
+            if let Some(t) = &o.transform {
+                t.0.apply(start, chunk);
+            }
             storage.drop_cache(start, end - start);
             shared.mark_filled(c, end - start);
         }
@@ -364,6 +395,7 @@ fn load_eager(
         shared,
         None,
         huge,
+        o.transform.clone(),
     )))
 }
 
@@ -409,6 +441,7 @@ fn load_mmap(
         shared,
         worker,
         huge,
+        None,
     )))
 }
 

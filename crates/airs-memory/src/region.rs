@@ -394,6 +394,8 @@ pub struct ModelRegion {
     /// the region itself goes, after its memory, however long sessions keep it past the
     /// registry.
     pool_charge: std::sync::OnceLock<crate::PoolCharge>,
+    /// The chunk transform the loader applied to every byte of the region, if any.
+    transform: Option<crate::Transform>,
 }
 
 impl ModelRegion {
@@ -414,8 +416,10 @@ impl ModelRegion {
         shared: Arc<Shared>,
         worker: Option<JoinHandle<()>>,
         huge_page_size: usize,
+        transform: Option<crate::Transform>,
     ) -> Self {
         Self {
+            transform,
             memory,
             shared,
             refcount: AtomicUsize::new(0),
@@ -423,6 +427,12 @@ impl ModelRegion {
             huge_page_size,
             pool_charge: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The chunk transform whose output the region holds (`None`: the file's own bytes, as
+    /// with `mmap` and lazy's mmap fallback, which apply none).
+    pub fn transform(&self) -> Option<&std::sync::Arc<dyn crate::ChunkTransform>> {
+        self.transform.as_ref().map(|t| &t.0)
     }
 
     /// Makes `charge` live exactly as long as the region (a region is charged once).

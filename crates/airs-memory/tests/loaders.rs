@@ -288,3 +288,90 @@ fn wait_resident_timeout_reports_progress() {
     // 20 MiB at 200 MiB/s cannot take less than ~100 ms.
     assert!(after >= Duration::from_millis(90), "{after:?}");
 }
+
+/// A transform that XORs every byte with a function of its file offset, recording the chunk
+/// offsets it saw.
+#[derive(Debug)]
+struct OffsetXor {
+    chunk_bytes: u64,
+    seen: std::sync::Mutex<Vec<u64>>,
+}
+
+impl OffsetXor {
+    fn byte(offset: u64) -> u8 {
+        (offset.wrapping_mul(2_654_435_761) >> 7) as u8
+    }
+}
+
+impl airs_memory::ChunkTransform for OffsetXor {
+    fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    fn apply(&self, offset: u64, bytes: &mut [u8]) {
+        assert_eq!(offset % self.chunk_bytes, 0, "whole chunks");
+        self.seen.lock().unwrap().push(offset);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b ^= Self::byte(offset + i as u64);
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn eager_and_lazy_apply_the_chunk_transform_to_every_chunk_and_mmap_applies_none() {
+    let model = standard_model(5);
+    let file = std::fs::read(&model.path).unwrap();
+    let want: Vec<u8> = file
+        .iter()
+        .enumerate()
+        .map(|(i, b)| b ^ OffsetXor::byte(i as u64))
+        .collect();
+    let chunk_bytes = 256 << 10;
+    for loader in [LoaderKind::Eager, LoaderKind::Lazy, LoaderKind::Mmap] {
+        let transform = std::sync::Arc::new(OffsetXor {
+            chunk_bytes: chunk_bytes as u64,
+            seen: Default::default(),
+        });
+        let options = LoadOptions {
+            chunk_bytes,
+            transform: Some(airs_memory::Transform(transform.clone())),
+            ..LoadOptions::with_loader(loader)
+        };
+        let region = load(&model, &options);
+        region.loader().wait_resident().unwrap();
+        let bytes = region.as_bytes();
+        if loader == LoaderKind::Mmap {
+            assert!(region.transform().is_none());
+            assert!(bytes == &file[..], "mmap maps the file itself");
+            assert!(transform.seen.lock().unwrap().is_empty());
+        } else {
+            assert!(region.transform().is_some(), "{loader}");
+            assert!(bytes == &want[..], "{loader}: every byte transformed once");
+            let mut seen = transform.seen.lock().unwrap().clone();
+            seen.sort_unstable();
+            let chunks: Vec<u64> = (0..FILE_LEN.div_ceil(chunk_bytes as u64))
+                .map(|c| c * chunk_bytes as u64)
+                .collect();
+            assert_eq!(seen, chunks, "{loader}: each chunk once");
+        }
+    }
+}
+
+#[test]
+fn a_transform_planned_for_other_chunks_is_refused() {
+    let model = standard_model(6);
+    let options = LoadOptions {
+        chunk_bytes: 256 << 10,
+        transform: Some(airs_memory::Transform(std::sync::Arc::new(OffsetXor {
+            chunk_bytes: 128 << 10,
+            seen: Default::default(),
+        }))),
+        ..LoadOptions::with_loader(LoaderKind::Eager)
+    };
+    let err = ModelRegion::load(&model.path, standard_layout(), &options).unwrap_err();
+    assert_eq!(err.kind(), airs_memory::ErrorKind::Config, "{err}");
+}

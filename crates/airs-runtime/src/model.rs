@@ -118,7 +118,7 @@ impl LoadedModel {
         threads: usize,
     ) -> Result<LoadedModel> {
         let opened_at = Instant::now();
-        let opened = open_model_in(registry, path, options)?;
+        let opened = open_model_in(registry, path, options, Some(airs_kernels::Isa::detect()))?;
         let weights = Weights::Region {
             path: path.to_path_buf(),
             region: opened.region().clone(),

@@ -1,0 +1,104 @@
+//! The memory read-bandwidth probe: how many bytes per second this machine streams from DRAM
+//! into the pool's threads right now, so `airs bench decode` can say what fraction of it
+//! decode achieves on weights (issue 13 asks for ≥ 90 %). Shared machines drift by 2× over a
+//! day; a figure is only comparable with one measured in the same run by the same threads.
+//!
+//! What: a buffer far larger than the last-level cache, split into one contiguous part per
+//! thread and first touched by that thread (so its pages sit where that thread reads them);
+//! then `passes` timed passes, each one pool job in which every thread streams its part with
+//! [`airs_kernels::xor_fold`] (full-width loads, no stores). Reported: the median and the best
+//! pass. Cost: `buffer_bytes` of anonymous memory for the probe's duration (a bench-only
+//! allocation, outside the model pool) and `passes × buffer_bytes / bandwidth` of time —
+//! 256 MiB × 5 passes ≈ 30-50 ms here.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use airs_kernels::Isa;
+
+use crate::par::DisjointOut;
+use crate::pool::ThreadPool;
+
+/// What one probe measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadBandwidth {
+    /// Median over passes of bytes read per second by all threads together.
+    pub median_bytes_per_s: f64,
+    /// The fastest pass.
+    pub best_bytes_per_s: f64,
+    pub buffer_bytes: usize,
+    pub passes: usize,
+    pub threads: usize,
+}
+
+/// Stream a `buffer_bytes` buffer `passes` times with every thread of `pool` (each its own
+/// part) and report the read bandwidth.
+pub fn probe_read_bandwidth(
+    pool: &ThreadPool,
+    isa: Isa,
+    buffer_bytes: usize,
+    passes: usize,
+) -> ReadBandwidth {
+    let threads = pool.threads();
+    let part_bytes = (buffer_bytes / threads).max(4096) / 64 * 64;
+    let total = part_bytes * threads;
+    let mut buffer = Vec::<u8>::with_capacity(total);
+    {
+        // First touch by the thread that will read each part.
+        let spare = buffer.spare_capacity_mut();
+        let writer = DisjointOut::new(spare);
+        pool.run(&|t| {
+            // SAFETY: thread t writes only its own part [t·part, (t+1)·part).
+            let part = unsafe { writer.slice(t * part_bytes..(t + 1) * part_bytes) };
+            for (i, b) in part.iter_mut().enumerate() {
+                b.write((i as u8) ^ (t as u8));
+            }
+        });
+    }
+    // SAFETY: every byte of 0..total was initialized by the job above (the parts cover it).
+    unsafe { buffer.set_len(total) };
+    let sink = AtomicU64::new(0);
+    let mut rates: Vec<f64> = (0..passes.max(1))
+        .map(|_| {
+            let started = Instant::now();
+            pool.run(&|t| {
+                let part = &buffer[t * part_bytes..(t + 1) * part_bytes];
+                sink.fetch_xor(airs_kernels::xor_fold(isa, part), Ordering::Relaxed);
+            });
+            total as f64 / started.elapsed().as_secs_f64().max(1e-9)
+        })
+        .collect();
+    black_box(sink.load(Ordering::Relaxed));
+    rates.sort_by(f64::total_cmp);
+    let n = rates.len();
+    let median = if n % 2 == 1 {
+        rates[n / 2]
+    } else {
+        (rates[n / 2 - 1] + rates[n / 2]) / 2.0
+    };
+    ReadBandwidth {
+        median_bytes_per_s: median,
+        best_bytes_per_s: rates[n - 1],
+        buffer_bytes: total,
+        passes: n,
+        threads,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reads_the_whole_buffer_with_every_thread() {
+        let pool = ThreadPool::new(2);
+        let probe = probe_read_bandwidth(&pool, Isa::detect(), 1 << 20, 3);
+        assert_eq!(probe.threads, 2);
+        assert_eq!(probe.passes, 3);
+        assert_eq!(probe.buffer_bytes, 1 << 20);
+        assert!(
+            probe.median_bytes_per_s > 0.0 && probe.best_bytes_per_s >= probe.median_bytes_per_s
+        );
+    }
+}

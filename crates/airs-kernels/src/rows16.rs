@@ -1,0 +1,1050 @@
+//! The 16-row interleaved weight layout ("rows16") and its matrix products: weights repacked
+//! once, at load, so that the multi-row kernels read one sequential stream and never
+//! transpose at run time.
+//!
+//! What: a *group* is 16 consecutive rows of a weight matrix (`16 × row_bytes` bytes, the
+//! same bytes the GGUF file holds, permuted in place: sizes and offsets do not change). Per
+//! 32-value block `b`, the group stores the 16 rows' block `b` side by side:
+//! - Q8_0 (34 bytes a block): 16 f16 scales (32 bytes), then 8 chunks of 64 bytes; chunk `k`
+//!   holds codes `4k..4k+4` of row `r` at bytes `4r..4r+4`. 544 bytes.
+//! - Q4_0 (18): 16 scales, then 4 chunks of 64 bytes of packed nibbles, chunk `k` holding
+//!   `qs[4k..4k+4]` of row `r` at `4r`: the low nibbles are codes `4k..4k+4`, the high ones
+//!   codes `16+4k..`. 288 bytes.
+//! - Q5_0 (22): 16 scales, then 8 little-endian u64 masks (mask `k` bit `4r+i` = the fifth
+//!   bit of code `4k+i` of row `r`), then the nibbles as Q4_0. 352 bytes.
+//! - Q4_K and Q6_K, per 256-value superblock: the 16 rows' scales as 16-lane planes and their
+//!   codes in 4-code × 16-row chunks (see the `q4k` and `q6k` modules). 2,304 and 3,360 bytes.
+//!
+//! A product then loads, per block, one register of 4 codes × 16 rows per chunk, multiplies
+//! it with 4 broadcast activation codes (`vpdpbusd`) into 16 row lanes, and runs the block's
+//! float step for 16 rows at once: no horizontal sums, no gathers. (K-quants: the integer
+//! sub-block sums are scaled by the lanes' integer scales and summed per superblock, then the
+//! superblock's float step runs once for 16 rows, as the scalar reference orders it.) Exactness as everywhere
+//! here: the integer block dots are exact and the float steps are the scalar reference's
+//! (`sum += sumi · (d·dy)` per block, in block order), so a repacked matrix gives results
+//! bit-identical to `dot(Isa::Scalar, ..)` on the GGUF bytes, for any number of tokens.
+//!
+//! Where the design comes from: ik_llama.cpp's `_R4`/`_R8` row-interleaved types
+//! (`-rtr`), which repack at load into a new type; here the type stays the file's and the
+//! permutation is a view the kernels know, so every other path (dequantize, the reference
+//! `dot`) keeps working through [`unpack_group`]. Cost: repacking reads and writes each
+//! byte once (done by the loader while the bytes are in cache after the read); a product
+//! reads each weight byte once per 16 tokens with ≈ 1.5 vector ops per 64 weight bytes and
+//! token plus the float step per block. Kernels: AVX-512 VNNI ([`fast`]); elsewhere a
+//! repacked group is unpacked into a buffer and multiplied by the GGUF-layout kernels.
+
+use crate::{GgmlType, Isa, KernelError};
+
+/// Rows per group.
+pub const GROUP_ROWS: usize = 16;
+
+/// Block geometry of a rows16 type: (bytes per 32-value block, bytes of masks per block-group
+/// after the scales).
+fn geometry(ty: GgmlType) -> Option<(usize, usize)> {
+    match ty {
+        GgmlType::Q8_0 => Some((34, 0)),
+        GgmlType::Q4_0 => Some((18, 0)),
+        GgmlType::Q5_0 => Some((22, 64)),
+        _ => None,
+    }
+}
+
+/// Row packers of the k-quant layouts: (pack row `r` into a group, unpack it).
+type RowFn = fn(&mut [u8], usize, &[u8]);
+type UnrowFn = fn(&[u8], usize, &mut [u8]);
+fn kquant_rows(ty: GgmlType) -> Option<(RowFn, UnrowFn)> {
+    match ty {
+        GgmlType::Q4K => Some((q4k::pack_row, q4k::unpack_row)),
+        GgmlType::Q6K => Some((q6k::pack_row, q6k::unpack_row)),
+        _ => None,
+    }
+}
+
+/// Whether `ty` has a rows16 layout.
+pub fn has_layout(ty: GgmlType) -> bool {
+    geometry(ty).is_some() || matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// Whether `isa` multiplies rows16 groups of `ty` with its own kernels on this CPU (else they
+/// are unpacked per call, which is correct but slower than the GGUF layout: a loader should
+/// then not repack).
+pub fn fast(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_layout(ty) && crate::legacy::has_avx512_vnni(isa)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        false
+    }
+}
+
+/// Checks that `bytes` holds whole groups of `ty` rows of `n` values: returns (blocks per
+/// row, bytes per group).
+fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<(usize, usize), KernelError> {
+    if !has_layout(ty) {
+        return Err(KernelError::UnsupportedType(ty));
+    }
+    let row_bytes = crate::check_row(ty, n)?;
+    let group_bytes = GROUP_ROWS * row_bytes;
+    if group_bytes == 0 || !bytes.is_multiple_of(group_bytes) {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 groups",
+            expected: bytes.div_ceil(group_bytes.max(1)) * group_bytes,
+            got: bytes,
+        });
+    }
+    let block = if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+        256
+    } else {
+        32
+    };
+    Ok((n / block, group_bytes))
+}
+
+/// Repack one group: `natural` is 16 GGUF rows of `ty` with `n` values each, `packed` the
+/// same number of bytes in the rows16 layout.
+pub fn repack_group(
+    ty: GgmlType,
+    n: usize,
+    natural: &[u8],
+    packed: &mut [u8],
+) -> Result<(), KernelError> {
+    let (nb, group_bytes) = check_groups(ty, n, natural.len())?;
+    crate::check_len("rows16 packed group", group_bytes, packed.len())?;
+    if natural.len() != group_bytes {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 natural group",
+            expected: group_bytes,
+            got: natural.len(),
+        });
+    }
+    if let Some((pack, _)) = kquant_rows(ty) {
+        let row_bytes = group_bytes / GROUP_ROWS;
+        for (r, row) in natural.chunks_exact(row_bytes).enumerate() {
+            pack(packed, r, row);
+        }
+        return Ok(());
+    }
+    let (bb, masks) = geometry(ty).expect("checked");
+    let row_bytes = nb * bb;
+    let code_bytes = bb - 2 - masks / GROUP_ROWS;
+    for b in 0..nb {
+        let dst = &mut packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
+        dst[32..32 + masks].fill(0);
+        for r in 0..GROUP_ROWS {
+            let blk = &natural[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb];
+            dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+            let qs = &blk[bb - code_bytes..];
+            for (k, four) in qs.chunks_exact(4).enumerate() {
+                let at = 32 + masks + 64 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(four);
+            }
+            if masks > 0 {
+                let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
+                for k in 0..8 {
+                    let at = 32 + 8 * k;
+                    let mut m = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
+                    m |= u64::from((qh >> (4 * k)) & 0xF) << (4 * r);
+                    dst[at..at + 8].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inverse of [`repack_group`]: the 16 GGUF rows of a packed group.
+pub fn unpack_group(
+    ty: GgmlType,
+    n: usize,
+    packed: &[u8],
+    natural: &mut [u8],
+) -> Result<(), KernelError> {
+    let (nb, group_bytes) = check_groups(ty, n, packed.len())?;
+    crate::check_len("rows16 natural group", group_bytes, natural.len())?;
+    if packed.len() != group_bytes {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 packed group",
+            expected: group_bytes,
+            got: packed.len(),
+        });
+    }
+    if let Some((_, unpack)) = kquant_rows(ty) {
+        let row_bytes = group_bytes / GROUP_ROWS;
+        for (r, row) in natural.chunks_exact_mut(row_bytes).enumerate() {
+            unpack(packed, r, row);
+        }
+        return Ok(());
+    }
+    let (bb, masks) = geometry(ty).expect("checked");
+    let row_bytes = nb * bb;
+    let code_bytes = bb - 2 - masks / GROUP_ROWS;
+    for b in 0..nb {
+        let src = &packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
+        for r in 0..GROUP_ROWS {
+            let blk = &mut natural[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb];
+            blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+            for k in 0..code_bytes / 4 {
+                let at = 32 + masks + 64 * k + 4 * r;
+                let d = bb - code_bytes + 4 * k;
+                blk[d..d + 4].copy_from_slice(&src[at..at + 4]);
+            }
+            if masks > 0 {
+                let mut qh = 0u32;
+                for k in 0..8 {
+                    let at = 32 + 8 * k;
+                    let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+                    qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
+                }
+                blk[2..6].copy_from_slice(&qh.to_le_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode row `r` (of 16) of the packed group `packed` into `dst` (`n` values), as
+/// [`crate::dequantize_row`] decodes the row in the file's layout.
+pub fn dequantize_row(
+    ty: GgmlType,
+    n: usize,
+    packed: &[u8],
+    r: usize,
+    dst: &mut [f32],
+) -> Result<(), KernelError> {
+    let (nb, group_bytes) = check_groups(ty, n, packed.len())?;
+    if packed.len() != group_bytes || r >= GROUP_ROWS {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 group row",
+            expected: group_bytes,
+            got: packed.len(),
+        });
+    }
+    if let Some((_, unpack)) = kquant_rows(ty) {
+        let mut row = vec![0u8; group_bytes / GROUP_ROWS];
+        unpack(packed, r, &mut row);
+        return crate::dequantize_row(ty, &row, dst);
+    }
+    let (bb, masks) = geometry(ty).expect("checked");
+    let code_bytes = bb - 2 - masks / GROUP_ROWS;
+    let mut row = vec![0u8; nb * bb];
+    for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+        let src = &packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
+        blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+        for k in 0..code_bytes / 4 {
+            let at = 32 + masks + 64 * k + 4 * r;
+            let d = bb - code_bytes + 4 * k;
+            blk[d..d + 4].copy_from_slice(&src[at..at + 4]);
+        }
+        if masks > 0 {
+            let mut qh = 0u32;
+            for k in 0..8 {
+                let at = 32 + 8 * k;
+                let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+                qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
+            }
+            blk[2..6].copy_from_slice(&qh.to_le_bytes());
+        }
+    }
+    crate::dequantize_row(ty, &row, dst)
+}
+
+/// `out[t · out_stride + r] = row r · activation row t` for every row of the packed groups
+/// `w` (rows16 layout of `ty`, `n` values a row) and every activation row in `acts` (in
+/// `act_type(ty)`: Q8_0, or Q8_K for Q4_K).
+/// Bit-identical to `dot(Isa::Scalar, ..)` on the unpacked rows.
+pub fn matmul(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<(), KernelError> {
+    let (_, group_bytes) = check_groups(ty, n, w.len())?;
+    let act_bytes = crate::act_type(ty)?.row_bytes(n);
+    let tokens = acts.len() / act_bytes;
+    crate::check_len("rows16 activations", tokens * act_bytes, acts.len())?;
+    let rows = w.len() / group_bytes * GROUP_ROWS;
+    if tokens == 0 || rows == 0 {
+        return Ok(());
+    }
+    let needed = (tokens - 1) * out_stride + rows;
+    if out.len() < needed || (tokens > 1 && out_stride < rows) {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 output",
+            expected: needed,
+            got: out.len(),
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fast(isa, ty) {
+        for t0 in (0..tokens).step_by(x86::MAX_TOKENS) {
+            let t1 = (t0 + x86::MAX_TOKENS).min(tokens);
+            let acts = &acts[t0 * act_bytes..t1 * act_bytes];
+            let out = &mut out[t0 * out_stride..];
+            // SAFETY: `fast` checked AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C); the geometry is
+            // checked above (whole groups, whole activation rows, `out` large enough).
+            unsafe {
+                if ty == GgmlType::Q4K {
+                    let kernel = q4k::x86::superblocks;
+                    x86::run_kquant(n, w, acts, out, out_stride, q4k::GROUP_BLOCK, kernel);
+                } else if ty == GgmlType::Q6K {
+                    let kernel = q6k::x86::superblocks;
+                    x86::run_kquant(n, w, acts, out, out_stride, q6k::GROUP_BLOCK, kernel);
+                } else {
+                    x86::run(ty, n, w, acts, out, out_stride);
+                }
+            }
+        }
+        return Ok(());
+    }
+    // Elsewhere: unpack each group and run the GGUF-layout kernels of `isa`.
+    let row_bytes = group_bytes / GROUP_ROWS;
+    let mut natural = vec![0u8; group_bytes];
+    let mut tile = vec![0f32; tokens * GROUP_ROWS];
+    for (g, packed) in w.chunks_exact(group_bytes).enumerate() {
+        unpack_group(ty, n, packed, &mut natural)?;
+        debug_assert_eq!(natural.len(), GROUP_ROWS * row_bytes);
+        crate::matmul(isa, ty, n, &natural, acts, &mut tile, GROUP_ROWS)?;
+        for t in 0..tokens {
+            let o = &mut out[t * out_stride + g * GROUP_ROWS..][..GROUP_ROWS];
+            o.copy_from_slice(&tile[t * GROUP_ROWS..(t + 1) * GROUP_ROWS]);
+        }
+    }
+    Ok(())
+}
+
+/// Q4_K in the rows16 layout. Per superblock of 256 values, the 16 rows' 144-byte blocks
+/// become 2,304 bytes: the 16 `d` (f16, bytes 0..32), the 16 `dmin` (32..64); the 6-bit
+/// sub-block scales and mins of each row `r` as three u32 at `4r` of three 64-byte planes —
+/// scales' low nibbles (nibble `s` = sub-block `s`, 64..128), mins' low nibbles (128..192),
+/// their top two bits (bits `2s` scales, `16 + 2s` mins; 192..256) — so one load gives every
+/// row's value in its lane; then the codes (256..2304): for sub-block pair `j` and chunk `k`,
+/// 64 bytes holding `qs[32j + 4k ..][..4]` of row `r` at `4r` (low nibbles: codes `4k..4k+4`
+/// of sub-block `2j`; high: of `2j + 1`).
+mod q4k {
+    use super::GROUP_ROWS;
+    use crate::kquants::reference::scale_min_k4;
+
+    /// Bytes of one superblock of one row, and of a group.
+    pub(super) const BLOCK: usize = 144;
+    pub(super) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+
+    fn put_u32(dst: &mut [u8], at: usize, v: u32) {
+        dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn get_u32(src: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Write GGUF row `r` (`row`: whole Q4_K blocks) into the packed group `packed`.
+    pub(super) fn pack_row(packed: &mut [u8], r: usize, row: &[u8]) {
+        for (b, x) in row.chunks_exact(BLOCK).enumerate() {
+            let dst = &mut packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            dst[2 * r..2 * r + 2].copy_from_slice(&x[0..2]);
+            dst[32 + 2 * r..34 + 2 * r].copy_from_slice(&x[2..4]);
+            let (mut sc_lo, mut m_lo, mut hi) = (0u32, 0u32, 0u32);
+            for s in 0..8 {
+                let (sc, m) = scale_min_k4(s, &x[4..16]);
+                sc_lo |= u32::from(sc & 0xF) << (4 * s);
+                m_lo |= u32::from(m & 0xF) << (4 * s);
+                hi |= u32::from(sc >> 4) << (2 * s) | u32::from(m >> 4) << (16 + 2 * s);
+            }
+            put_u32(dst, 64 + 4 * r, sc_lo);
+            put_u32(dst, 128 + 4 * r, m_lo);
+            put_u32(dst, 192 + 4 * r, hi);
+            for j in 0..4 {
+                for k in 0..8 {
+                    let at = 256 + 512 * j + 64 * k + 4 * r;
+                    let q = 16 + 32 * j + 4 * k;
+                    dst[at..at + 4].copy_from_slice(&x[q..q + 4]);
+                }
+            }
+        }
+    }
+
+    /// Read row `r` of the packed group `packed` back into GGUF blocks (`row`).
+    pub(super) fn unpack_row(packed: &[u8], r: usize, row: &mut [u8]) {
+        for (b, x) in row.chunks_exact_mut(BLOCK).enumerate() {
+            let src = &packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            x[0..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+            x[2..4].copy_from_slice(&src[32 + 2 * r..34 + 2 * r]);
+            let (sc_lo, m_lo, hi) = (
+                get_u32(src, 64 + 4 * r),
+                get_u32(src, 128 + 4 * r),
+                get_u32(src, 192 + 4 * r),
+            );
+            let sc = |s: usize| ((sc_lo >> (4 * s)) & 0xF | ((hi >> (2 * s)) & 3) << 4) as u8;
+            let m = |s: usize| ((m_lo >> (4 * s)) & 0xF | ((hi >> (16 + 2 * s)) & 3) << 4) as u8;
+            // ggml's 12-byte packing (the inverse of `scale_min_k4`).
+            for i in 0..4 {
+                x[4 + i] = sc(i) | (sc(i + 4) >> 4) << 6;
+                x[8 + i] = m(i) | (m(i + 4) >> 4) << 6;
+                x[12 + i] = (sc(i + 4) & 0xF) | (m(i + 4) & 0xF) << 4;
+            }
+            for j in 0..4 {
+                for k in 0..8 {
+                    let at = 256 + 512 * j + 64 * k + 4 * r;
+                    let q = 16 + 32 * j + 4 * k;
+                    x[q..q + 4].copy_from_slice(&src[at..at + 4]);
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod x86 {
+        use std::arch::x86_64::*;
+
+        use super::GROUP_BLOCK;
+        use crate::rows16::x86::{MAX_TOKENS, Q8kAct, prefetch};
+        /// Prefetch distance of the group stream.
+        const PREFETCH_AHEAD: usize = 4096;
+
+        /// One group of `nb` superblocks; `f[t]` the 16 row dots with activation row `t`. Per
+        /// superblock, the scalar reference's integers `isum = Σ sc·sumi` and
+        /// `summ = Σ m·Σy` (exact), then its float step
+        /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
+        ///
+        /// # Safety
+        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn superblocks(
+            group: &[u8],
+            nb: usize,
+            acts: &[Q8kAct<'_>],
+            f: &mut [__m512],
+        ) {
+            f.fill(_mm512_setzero_ps());
+            let low = _mm512_set1_epi8(0x0F);
+            let p = group.as_ptr();
+            let mut isum = [_mm512_setzero_si512(); MAX_TOKENS];
+            for b in 0..nb {
+                // SAFETY: superblock b of the group spans [2304·b, 2304·(b+1)) of `group`
+                // (caller); prefetches are hints and never fault.
+                unsafe {
+                    let blk = p.add(GROUP_BLOCK * b);
+                    prefetch(blk, GROUP_BLOCK, PREFETCH_AHEAD);
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                    let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
+                    let sc_lo = _mm512_loadu_si512(blk.add(64).cast());
+                    let m_lo = _mm512_loadu_si512(blk.add(128).cast());
+                    let hi = _mm512_loadu_si512(blk.add(192).cast());
+                    let nib = _mm512_set1_epi32(0xF);
+                    let two = _mm512_set1_epi32(3);
+                    let field = |lo: __m512i, s: u32, h: u32| {
+                        let l = _mm512_and_si512(
+                            _mm512_srl_epi32(lo, _mm_cvtsi32_si128(4 * s as i32)),
+                            nib,
+                        );
+                        let t = _mm512_and_si512(
+                            _mm512_srl_epi32(hi, _mm_cvtsi32_si128(h as i32)),
+                            two,
+                        );
+                        _mm512_or_si512(l, _mm512_slli_epi32::<4>(t))
+                    };
+                    let sc: [__m512i; 8] =
+                        std::array::from_fn(|s| field(sc_lo, s as u32, 2 * s as u32));
+                    let m: [__m512i; 8] =
+                        std::array::from_fn(|s| field(m_lo, s as u32, 16 + 2 * s as u32));
+                    let isum = &mut isum[..acts.len()];
+                    isum.fill(_mm512_setzero_si512());
+                    for j in 0..4 {
+                        let qs = blk.add(256 + 512 * j);
+                        let mut lo = [_mm512_setzero_si512(); 8];
+                        let mut hi4 = [_mm512_setzero_si512(); 8];
+                        for k in 0..8 {
+                            let v = _mm512_loadu_si512(qs.add(64 * k).cast());
+                            lo[k] = _mm512_and_si512(v, low);
+                            hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        }
+                        for (a, is) in acts.iter().zip(isum.iter_mut()) {
+                            let y = a
+                                .blocks
+                                .get_unchecked(b)
+                                .as_ptr()
+                                .add(4 + 64 * j)
+                                .cast::<i32>();
+                            let (mut s1, mut s2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                            for k in 0..8 {
+                                let y1 = _mm512_set1_epi32(y.add(k).read_unaligned());
+                                let y2 = _mm512_set1_epi32(y.add(8 + k).read_unaligned());
+                                s1 = _mm512_dpbusd_epi32(s1, lo[k], y1);
+                                s2 = _mm512_dpbusd_epi32(s2, hi4[k], y2);
+                            }
+                            let t = _mm512_add_epi32(
+                                _mm512_mullo_epi32(sc[2 * j], s1),
+                                _mm512_mullo_epi32(sc[2 * j + 1], s2),
+                            );
+                            *is = _mm512_add_epi32(*is, t);
+                        }
+                    }
+                    for ((a, is), ft) in acts.iter().zip(isum.iter()).zip(f.iter_mut()) {
+                        let bs = a.bsums.get_unchecked(b);
+                        let mut summ = _mm512_setzero_si512();
+                        for s in 0..8 {
+                            let pair = bs[2 * s] + bs[2 * s + 1];
+                            let t = _mm512_mullo_epi32(m[s], _mm512_set1_epi32(pair));
+                            summ = _mm512_add_epi32(summ, t);
+                        }
+                        let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
+                        let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*is));
+                        let m_term =
+                            _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ));
+                        *ft = _mm512_add_ps(*ft, _mm512_sub_ps(term, m_term));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K in the rows16 layout. Per superblock of 256 values the 16 rows' 210-byte blocks
+/// become 3,360 bytes: the 16 `d` (f16, 0..32); the 16 int8 sub-block scales of each row `r`
+/// as four u32 at `4r` of four 64-byte planes (plane `p`: scales `4p..4p+4`; 32..288); the low
+/// nibbles (288..2336): for half `h` and chunk `k` (0..16), 64 bytes holding
+/// `ql[64h + 4k ..][..4]` of row `r` at `4r` (low nibbles: values `128h + 4k..+4`, high:
+/// `128h + 64 + 4k..`); the top bits (2336..3360): for half `h` and chunk `k` (0..8), 64 bytes
+/// holding `qh[32h + 4k ..][..4]` of row `r` at `4r` (bit pair `f`: values
+/// `128h + 32f + 4k..+4`).
+mod q6k {
+    use super::GROUP_ROWS;
+
+    pub(super) const BLOCK: usize = 210;
+    pub(super) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+    pub(super) const SCALES: usize = 32;
+    pub(super) const QL: usize = 288;
+    pub(super) const QH: usize = 2336;
+
+    /// (GGUF offset within a block, rows16 offset within a superblock-group, bytes) of every
+    /// 4-byte piece of row `r`, scales included; the `d` is handled apart.
+    fn pieces(r: usize) -> impl Iterator<Item = (usize, usize)> {
+        let scales = (0..4).map(move |p| (192 + 4 * p, SCALES + 64 * p + 4 * r));
+        let ql = (0..2)
+            .flat_map(|h| (0..16).map(move |k| (64 * h + 4 * k, QL + 1024 * h + 64 * k)))
+            .map(move |(g, d)| (g, d + 4 * r));
+        let qh = (0..2)
+            .flat_map(|h| (0..8).map(move |k| (128 + 32 * h + 4 * k, QH + 512 * h + 64 * k)))
+            .map(move |(g, d)| (g, d + 4 * r));
+        scales.chain(ql).chain(qh)
+    }
+
+    pub(super) fn pack_row(packed: &mut [u8], r: usize, row: &[u8]) {
+        for (b, x) in row.chunks_exact(BLOCK).enumerate() {
+            let dst = &mut packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            dst[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
+            for (g, d) in pieces(r) {
+                dst[d..d + 4].copy_from_slice(&x[g..g + 4]);
+            }
+        }
+    }
+
+    pub(super) fn unpack_row(packed: &[u8], r: usize, row: &mut [u8]) {
+        for (b, x) in row.chunks_exact_mut(BLOCK).enumerate() {
+            let src = &packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            x[208..210].copy_from_slice(&src[2 * r..2 * r + 2]);
+            for (g, d) in pieces(r) {
+                x[g..g + 4].copy_from_slice(&src[d..d + 4]);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod x86 {
+        use std::arch::x86_64::*;
+
+        use super::{GROUP_BLOCK, QH, QL, SCALES};
+        use crate::rows16::x86::{MAX_TOKENS, Q8kAct, prefetch};
+        const PREFETCH_AHEAD: usize = 4096;
+
+        /// One group: per superblock the scalar reference's `isum = Σ sc·Σ(q − 32)·y` over
+        /// the 16 sub-blocks (exact), then `sum + (d·dy)·isum`.
+        ///
+        /// # Safety
+        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn superblocks(
+            group: &[u8],
+            nb: usize,
+            acts: &[Q8kAct<'_>],
+            f: &mut [__m512],
+        ) {
+            f.fill(_mm512_setzero_ps());
+            let low = _mm512_set1_epi8(0x0F);
+            let top = _mm512_set1_epi8(0x30);
+            let p = group.as_ptr();
+            let mut isum = [_mm512_setzero_si512(); MAX_TOKENS];
+            for b in 0..nb {
+                // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller);
+                // prefetches are hints and never fault.
+                unsafe {
+                    let blk = p.add(GROUP_BLOCK * b);
+                    prefetch(blk, GROUP_BLOCK, PREFETCH_AHEAD);
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                    let planes: [__m512i; 4] = std::array::from_fn(|q| {
+                        _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
+                    });
+                    // Sub-block t's int8 scale, sign-extended, in every row's lane.
+                    let sc: [__m512i; 16] = std::array::from_fn(|t| {
+                        let up = _mm512_sll_epi32(
+                            planes[t / 4],
+                            _mm_cvtsi32_si128((24 - 8 * (t % 4)) as i32),
+                        );
+                        _mm512_srai_epi32::<24>(up)
+                    });
+                    let isum = &mut isum[..acts.len()];
+                    isum.fill(_mm512_setzero_si512());
+                    for h in 0..2 {
+                        for fq in 0..4 {
+                            // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
+                            // 8h + 2fq (k < 4) and 8h + 2fq + 1.
+                            let mut codes = [_mm512_setzero_si512(); 8];
+                            for (k, c) in codes.iter_mut().enumerate() {
+                                let ql = _mm512_loadu_si512(
+                                    blk.add(QL + 1024 * h + 64 * (8 * (fq % 2) + k)).cast(),
+                                );
+                                let nib = if fq < 2 {
+                                    _mm512_and_si512(ql, low)
+                                } else {
+                                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low)
+                                };
+                                let qh = _mm512_loadu_si512(blk.add(QH + 512 * h + 64 * k).cast());
+                                let hb = match fq {
+                                    0 => _mm512_slli_epi16::<4>(qh),
+                                    1 => _mm512_slli_epi16::<2>(qh),
+                                    2 => qh,
+                                    _ => _mm512_srli_epi16::<2>(qh),
+                                };
+                                *c = _mm512_or_si512(nib, _mm512_and_si512(hb, top));
+                            }
+                            let t0 = 8 * h + 2 * fq;
+                            for (a, is) in acts.iter().zip(isum.iter_mut()) {
+                                let y = a
+                                    .blocks
+                                    .get_unchecked(b)
+                                    .as_ptr()
+                                    .add(4 + 128 * h + 32 * fq)
+                                    .cast::<i32>();
+                                // The codes' offset 32, removed exactly per sub-block.
+                                let bs = a.bsums.get_unchecked(b);
+                                let mut s0 = _mm512_set1_epi32(-32 * bs[t0]);
+                                let mut s1 = _mm512_set1_epi32(-32 * bs[t0 + 1]);
+                                for k in 0..4 {
+                                    s0 = _mm512_dpbusd_epi32(
+                                        s0,
+                                        codes[k],
+                                        _mm512_set1_epi32(y.add(k).read_unaligned()),
+                                    );
+                                    s1 = _mm512_dpbusd_epi32(
+                                        s1,
+                                        codes[4 + k],
+                                        _mm512_set1_epi32(y.add(4 + k).read_unaligned()),
+                                    );
+                                }
+                                let t = _mm512_add_epi32(
+                                    _mm512_mullo_epi32(sc[t0], s0),
+                                    _mm512_mullo_epi32(sc[t0 + 1], s1),
+                                );
+                                *is = _mm512_add_epi32(*is, t);
+                            }
+                        }
+                    }
+                    for ((a, is), ft) in acts.iter().zip(isum.iter()).zip(f.iter_mut()) {
+                        let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
+                        let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*is));
+                        *ft = _mm512_add_ps(*ft, term);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::GROUP_ROWS;
+    use crate::GgmlType;
+
+    /// How far ahead of the block being multiplied its stream is prefetched.
+    const PREFETCH_AHEAD: usize = 16384;
+
+    /// Activation rows one pass takes.
+    pub(super) const MAX_TOKENS: usize = 16;
+
+    /// Per activation row: the f16 scale `dy` as f32 and `Σ` of the 32 codes, per block.
+    struct Act<'a> {
+        blocks: &'a [[u8; 34]],
+        dy: Vec<f32>,
+        sum: Vec<i32>,
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of `ty` (a rows16 type)
+    /// with `n` values a row; `acts` 1..=[`MAX_TOKENS`] Q8_0 rows of `n` values; `out` holds
+    /// `(tokens − 1) · out_stride + rows` values and `out_stride ≥ rows` if tokens > 1.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn run(
+        ty: GgmlType,
+        n: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let nb = n / 32;
+        let act_bytes = nb * 34;
+        let acts: Vec<Act<'_>> = acts
+            .chunks_exact(act_bytes)
+            .map(|a| {
+                let blocks = &a.as_chunks::<34>().0[..nb];
+                Act {
+                    blocks,
+                    dy: blocks
+                        .iter()
+                        .map(|b| crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                        .collect(),
+                    sum: blocks
+                        .iter()
+                        .map(|b| b[2..].iter().map(|&q| i32::from(q as i8)).sum())
+                        .collect(),
+                }
+            })
+            .collect();
+        let tokens = acts.len();
+        assert!((1..=MAX_TOKENS).contains(&tokens));
+        let (bb, off) = match ty {
+            GgmlType::Q8_0 => (34, 128),
+            GgmlType::Q4_0 => (18, 8),
+            _ => (22, 16),
+        };
+        let group_bytes = GROUP_ROWS * nb * bb;
+        for_groups(w, group_bytes, tokens, out, out_stride, |group, f| {
+            // SAFETY: `group` is one whole group of this geometry (`for_groups`); the kernels
+            // read only inside it and inside the activation blocks; CPU features are the
+            // caller's.
+            unsafe {
+                match ty {
+                    GgmlType::Q8_0 => blocks::<0>(group, nb, bb, off, &acts, f),
+                    GgmlType::Q4_0 => blocks::<1>(group, nb, bb, off, &acts, f),
+                    _ => blocks::<2>(group, nb, bb, off, &acts, f),
+                }
+            }
+        });
+    }
+
+    /// One Q8_K activation row as the k-quant kernels read it: per superblock its scale `dy`,
+    /// its codes, and the sums of its 16-value sub-blocks.
+    pub(super) struct Q8kAct<'a> {
+        pub(super) blocks: &'a [[u8; 292]],
+        pub(super) dy: Vec<f32>,
+        pub(super) bsums: Vec<[i32; 16]>,
+    }
+
+    impl Q8kAct<'_> {
+        /// The rows of `acts` (whole Q8_K rows of `nb` superblocks).
+        pub(super) fn rows(acts: &[u8], nb: usize) -> Vec<Q8kAct<'_>> {
+            acts.chunks_exact(nb * 292)
+                .map(|a| {
+                    let blocks = &a.as_chunks::<292>().0[..nb];
+                    Q8kAct {
+                        blocks,
+                        dy: blocks
+                            .iter()
+                            .map(|y| f32::from_le_bytes([y[0], y[1], y[2], y[3]]))
+                            .collect(),
+                        bsums: blocks
+                            .iter()
+                            .map(|y| {
+                                std::array::from_fn(|t| {
+                                    i32::from(i16::from_le_bytes([y[260 + 2 * t], y[261 + 2 * t]]))
+                                })
+                            })
+                            .collect(),
+                    }
+                })
+                .collect()
+        }
+    }
+
+    /// A k-quant group kernel: `(group, superblocks per row, activation rows, f)`.
+    pub(super) type KquantGroup = unsafe fn(&[u8], usize, &[Q8kAct<'_>], &mut [__m512]);
+
+    /// The k-quant product: `superblocks` over every group of `w` (`group_block` bytes per
+    /// superblock of a group).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the kernel's type with
+    /// `n` values a row; `acts` 1..=16 Q8_K rows of `n` values; `out` holds `(tokens − 1) ·
+    /// out_stride + rows` values (`out_stride ≥ rows` if tokens > 1).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn run_kquant(
+        n: usize,
+        w: &[u8],
+        acts: &[u8],
+        out: &mut [f32],
+        out_stride: usize,
+        group_block: usize,
+        superblocks: KquantGroup,
+    ) {
+        let nb = n / 256;
+        let acts = Q8kAct::rows(acts, nb);
+        for_groups(
+            w,
+            nb * group_block,
+            acts.len(),
+            out,
+            out_stride,
+            |group, f| {
+                // SAFETY: `group` is one whole group (`for_groups`); the kernel reads inside it
+                // and inside the activation blocks; CPU features are the caller's.
+                unsafe { superblocks(group, nb, &acts, f) }
+            },
+        );
+    }
+
+    /// Runs `group_dots(group, f)` for every whole group of `group_bytes` in `w` (`f[t]`: the
+    /// 16 row dots with activation row `t`, for `tokens` rows) and stores them at
+    /// `out[t · out_stride + 16g ..]`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn for_groups(
+        w: &[u8],
+        group_bytes: usize,
+        tokens: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        mut group_dots: impl FnMut(&[u8], &mut [__m512]),
+    ) {
+        let groups = w.len() / group_bytes;
+        assert!(
+            (1..=MAX_TOKENS).contains(&tokens)
+                && w.len() == groups * group_bytes
+                && out.len() >= (tokens - 1) * out_stride + groups * GROUP_ROWS
+        );
+        let mut f = [_mm512_setzero_ps(); MAX_TOKENS];
+        for (g, group) in w.chunks_exact(group_bytes).enumerate() {
+            group_dots(group, &mut f[..tokens]);
+            for (t, ft) in f[..tokens].iter().enumerate() {
+                let o = &mut out[t * out_stride + g * GROUP_ROWS..][..GROUP_ROWS];
+                // SAFETY: `o` is 16 writable f32.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *ft) };
+            }
+        }
+    }
+
+    /// Prefetch the `bytes` bytes `ahead` bytes past `p` (a later part of the group stream).
+    #[inline]
+    pub(super) fn prefetch(p: *const u8, bytes: usize, ahead: usize) {
+        for l in 0..bytes.div_ceil(64) {
+            // SAFETY: `prefetcht0` is a hint: it never faults, whatever the address
+            // (`wrapping_add` keeps the arithmetic defined).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + 64 * l).cast()) };
+        }
+    }
+
+    /// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0; `f[t]` the 16 row dots with activation
+    /// row `t`.
+    ///
+    /// # Safety
+    /// As [`run`]; `group` is one whole group of `nb` blocks of `bb` bytes per row.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn blocks<const TY: u8>(
+        group: &[u8],
+        nb: usize,
+        bb: usize,
+        off: i32,
+        acts: &[Act<'_>],
+        f: &mut [__m512],
+    ) {
+        f.fill(_mm512_setzero_ps());
+        let low = _mm512_set1_epi8(0x0F);
+        let p = group.as_ptr();
+        for b in 0..nb {
+            // SAFETY: block-group b spans bytes [16·bb·b, 16·bb·(b+1)) of `group`: scales at
+            // 0..32, masks (Q5_0) at 32..96, codes after them — all inside (caller).
+            unsafe {
+                let blk = p.add(GROUP_ROWS * bb * b);
+                prefetch(blk, GROUP_ROWS * bb, PREFETCH_AHEAD);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                let mut codes = [_mm512_setzero_si512(); 8];
+                match TY {
+                    0 => {
+                        for (k, c) in codes.iter_mut().enumerate() {
+                            let v = _mm512_loadu_si512(blk.add(32 + 64 * k).cast());
+                            *c = _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8));
+                        }
+                    }
+                    _ => {
+                        let qs = blk.add(if TY == 1 { 32 } else { 96 });
+                        for k in 0..4 {
+                            let v = _mm512_loadu_si512(qs.add(64 * k).cast());
+                            codes[k] = _mm512_and_si512(v, low);
+                            codes[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        }
+                        if TY == 2 {
+                            let masks = blk.add(32).cast::<u64>();
+                            for (k, c) in codes.iter_mut().enumerate() {
+                                let m = _cvtu64_mask64(masks.add(k).read_unaligned());
+                                *c = _mm512_mask_add_epi8(*c, m, *c, _mm512_set1_epi8(0x10));
+                            }
+                        }
+                    }
+                }
+                for (a, ft) in acts.iter().zip(f.iter_mut()) {
+                    let y = a.blocks.get_unchecked(b).as_ptr().add(2).cast::<i32>();
+                    // Two chains (integer sums are exact in any order), as one `vpdpbusd`
+                    // chain of 8 waits on its latency.
+                    let mut acc = [
+                        _mm512_set1_epi32(-off * a.sum.get_unchecked(b)),
+                        _mm512_setzero_si512(),
+                    ];
+                    for (k, c) in codes.iter().enumerate() {
+                        let yk = _mm512_set1_epi32(y.add(k).read_unaligned());
+                        acc[k % 2] = _mm512_dpbusd_epi32(acc[k % 2], *c, yk);
+                    }
+                    let acc = _mm512_add_epi32(acc[0], acc[1]);
+                    let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
+                    let prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
+                    *ft = _mm512_add_ps(*ft, prod);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn floats(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+            })
+            .collect()
+    }
+
+    /// `groups` groups of `ty` rows with `n` values, GGUF layout.
+    fn weights(ty: GgmlType, n: usize, groups: usize) -> Vec<u8> {
+        let row_bytes = crate::row_bytes(ty, n).unwrap();
+        let mut w = vec![0u8; groups * GROUP_ROWS * row_bytes];
+        for (r, row) in w.chunks_exact_mut(row_bytes).enumerate() {
+            crate::quantize_row(ty, &floats(n, r as u64 + 7), row).unwrap();
+        }
+        w
+    }
+
+    fn packed(ty: GgmlType, n: usize, natural: &[u8]) -> Vec<u8> {
+        let group_bytes = GROUP_ROWS * crate::row_bytes(ty, n).unwrap();
+        let mut p = vec![0u8; natural.len()];
+        for (src, dst) in natural
+            .chunks_exact(group_bytes)
+            .zip(p.chunks_exact_mut(group_bytes))
+        {
+            repack_group(ty, n, src, dst).unwrap();
+        }
+        p
+    }
+
+    const TYPES: [GgmlType; 5] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ];
+
+    fn kquant(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+    }
+
+    #[test]
+    fn unpacking_a_repacked_group_restores_the_gguf_bytes_and_rows() {
+        for ty in TYPES {
+            let widths: &[usize] = if kquant(ty) {
+                &[256, 768]
+            } else {
+                &[32, 96, 896]
+            };
+            for &n in widths {
+                let natural = weights(ty, n, 1);
+                let p = packed(ty, n, &natural);
+                assert_ne!(p, natural, "{ty} {n}: the layout permutes");
+                let mut back = vec![0u8; natural.len()];
+                unpack_group(ty, n, &p, &mut back).unwrap();
+                assert_eq!(back, natural, "{ty} {n}");
+                let row_bytes = crate::row_bytes(ty, n).unwrap();
+                for r in [0, 5, 15] {
+                    let (mut want, mut got) = (vec![0f32; n], vec![1f32; n]);
+                    crate::dequantize_row(ty, &natural[r * row_bytes..][..row_bytes], &mut want)
+                        .unwrap();
+                    dequantize_row(ty, n, &p, r, &mut got).unwrap();
+                    assert_eq!(got, want, "{ty} {n} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn products_on_repacked_groups_equal_the_scalar_reference_on_gguf_rows() {
+        for ty in TYPES {
+            let n = if kquant(ty) { 1024 } else { 896 };
+            let natural = weights(ty, n, 3);
+            let p = packed(ty, n, &natural);
+            let row_bytes = crate::row_bytes(ty, n).unwrap();
+            let rows = natural.len() / row_bytes;
+            for tokens in [1, 2, 5, 16, 17, 33] {
+                let act = crate::act_type(ty).unwrap();
+                let act_bytes = act.row_bytes(n);
+                let mut acts = vec![0u8; tokens * act_bytes];
+                for (t, a) in acts.chunks_exact_mut(act_bytes).enumerate() {
+                    crate::quantize_act(act, &floats(n, 1000 + t as u64), a).unwrap();
+                }
+                let stride = rows + 3;
+                for isa in Isa::all_available() {
+                    let mut out = vec![f32::NAN; (tokens - 1) * stride + rows];
+                    matmul(isa, ty, n, &p, &acts, &mut out, stride).unwrap();
+                    for t in 0..tokens {
+                        let a = &acts[t * act_bytes..(t + 1) * act_bytes];
+                        for r in 0..rows {
+                            let row = &natural[r * row_bytes..(r + 1) * row_bytes];
+                            let want = crate::dot(Isa::Scalar, ty, n, row, a).unwrap();
+                            let got = out[t * stride + r];
+                            let exact = got.to_bits() == want.to_bits();
+                            // Without fast kernels an ISA's own GGUF-layout kernels run: those
+                            // match the scalar reference only where `matmul_matches_scalar`.
+                            let close = (got - want).abs() <= 1e-4 * want.abs().max(1.0);
+                            assert!(
+                                exact || (!crate::matmul_matches_scalar(isa, ty) && close),
+                                "{ty} {isa:?} tokens {tokens} t {t} row {r}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn partial_groups_and_other_types_are_refused() {
+        let natural = weights(GgmlType::Q8_0, 64, 1);
+        let mut out = vec![0u8; natural.len() - 68];
+        assert!(repack_group(GgmlType::Q8_0, 64, &natural[68..], &mut out).is_err());
+        assert!(!has_layout(GgmlType::Q5K));
+        let mut o = vec![0u8; 16];
+        assert!(repack_group(GgmlType::Q5K, 256, &[0u8; 16], &mut o).is_err());
+    }
+}
