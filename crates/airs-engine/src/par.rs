@@ -48,6 +48,9 @@ impl<'a, T> DisjointOut<'a, T> {
     }
 }
 
+/// Rows of a rows16 group.
+const G: usize = airs_kernels::rows16::GROUP_ROWS;
+
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Repacked weight rows unpacked for the tiled prefill kernels.
@@ -220,49 +223,55 @@ fn matmul_prepared(
     pool.for_chunks(rows, chunk, &|range| {
         let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
         let width = range.len();
-        NATURAL.with(|natural| {
-            let mut natural = natural.borrow_mut();
-            let w_rows = if w.packed.is_some() {
-                unpack_rows(w, range.clone(), w_rows, &mut natural)
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            tile.resize(tokens * width, 0.0);
+            if w.packed.is_some() {
+                // One 16-row group at a time, unpacked into a cache-resident buffer just
+                // before the tiled kernel repacks it.
+                NATURAL.with(|natural| {
+                    let mut natural = natural.borrow_mut();
+                    for r0 in range.clone().step_by(G) {
+                        let r1 = (r0 + G).min(range.end);
+                        let rows = unpack_group(
+                            w,
+                            r0,
+                            &data[r0 * w.row_bytes..r1 * w.row_bytes],
+                            &mut natural,
+                        );
+                        let o = &mut tile[r0 - range.start..];
+                        airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
+                            .expect("matmul geometry checked at model load");
+                    }
+                });
             } else {
-                w_rows
-            };
-            TILE.with(|tile| {
-                let mut tile = tile.borrow_mut();
-                tile.resize(tokens * width, 0.0);
                 airs_kernels::matmul_prepared(isa, w.ty, w.cols, w_rows, prep, &mut tile, width)
                     .expect("matmul geometry checked at model load");
-                for t in 0..tokens {
-                    let start = t * rows + range.start;
-                    // SAFETY: row ranges of different chunks are disjoint within every token row.
-                    let o = unsafe { writer.slice(start..start + width) };
-                    o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-                }
-            });
+            }
+            for t in 0..tokens {
+                let start = t * rows + range.start;
+                // SAFETY: row ranges of different chunks are disjoint within every token row.
+                let o = unsafe { writer.slice(start..start + width) };
+                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+            }
         });
     });
 }
 
-/// The rows `range` of `w` (their bytes `w_rows`) in the file's layout: repacked groups
-/// unpacked into `buf`.
-fn unpack_rows<'a>(
+/// The rows `first ..` of `w` (their bytes `w_rows`: one group or the final partial one) in
+/// the file's layout: a repacked group unpacked into `buf`, any other returned as it is.
+fn unpack_group<'a>(
     w: &TensorRef,
-    range: Range<usize>,
-    w_rows: &[u8],
+    first: usize,
+    w_rows: &'a [u8],
     buf: &'a mut Vec<u8>,
 ) -> &'a [u8] {
-    const G: usize = airs_kernels::rows16::GROUP_ROWS;
-    debug_assert!(range.start.is_multiple_of(G));
-    buf.clear();
-    buf.extend_from_slice(w_rows);
-    let group_bytes = G * w.row_bytes;
-    for (i, group) in buf.chunks_exact_mut(group_bytes).enumerate() {
-        if w.is_packed(range.start / G + i) {
-            let packed = &w_rows[i * group_bytes..(i + 1) * group_bytes];
-            airs_kernels::rows16::unpack_group(w.ty, w.cols, packed, group)
-                .expect("repacked geometry checked by the plan");
-        }
+    if !w.is_packed(first / G) {
+        return w_rows;
     }
+    buf.resize(w_rows.len(), 0);
+    airs_kernels::rows16::unpack_group(w.ty, w.cols, w_rows, buf)
+        .expect("repacked geometry checked by the plan");
     buf
 }
 
@@ -279,7 +288,6 @@ fn matmul_packed(
     tokens: usize,
     out: &mut [f32],
 ) {
-    const G: usize = airs_kernels::rows16::GROUP_ROWS;
     let rows = w.rows;
     let chunk = (rows / (pool.threads() * 8)).next_multiple_of(G).max(G);
     let act_row_bytes = acts.len() / tokens.max(1);
