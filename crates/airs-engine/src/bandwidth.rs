@@ -8,8 +8,8 @@
 //! then `passes` timed passes, each one pool job in which every thread streams its part with
 //! [`airs_kernels::xor_fold`] (full-width loads, no stores). Reported: the median and the best
 //! pass. Cost: `buffer_bytes` of anonymous memory for the probe's duration (a bench-only
-//! allocation, outside the model pool) and `passes × buffer_bytes / bandwidth` of time —
-//! 256 MiB × 5 passes ≈ 30-50 ms here.
+//! allocation, outside the model pool), its first touch, and `passes × buffer_bytes /
+//! bandwidth` of time (256 MiB × 5 passes at 25 GB/s: ≈ 55 ms).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};

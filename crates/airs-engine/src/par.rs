@@ -117,13 +117,10 @@ pub(crate) fn matmul(
     debug_assert_eq!(out.len(), tokens * rows);
     let data = w.data(image);
     let threads = pool.threads();
-    // Repacked matrices: the rows16 kernels up to 16 tokens; beyond, the tiled kernels (their
-    // register tiles beat the rows16 kernel's 16-token passes) over groups unpacked per call.
-    if w.packed.is_some() && tokens <= airs_kernels::rows16::GROUP_ROWS {
-        matmul_packed(pool, isa, w, data, acts, tokens, out);
-        return;
-    }
-    if tokens > 1 {
+    // Repacked matrices: the rows16 kernels up to 16 tokens; beyond, the tiled kernels (faster
+    // on long prompts: BENCHMARKS.md) over groups unpacked per call, where they exist.
+    let packed = w.packed.is_some();
+    if tokens > 1 && !(packed && tokens <= G) {
         let done = PREP.with(|prep| {
             let mut prep = prep.borrow_mut();
             let ready = airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
@@ -138,7 +135,7 @@ pub(crate) fn matmul(
             return;
         }
     }
-    if w.packed.is_some() {
+    if packed {
         matmul_packed(pool, isa, w, data, acts, tokens, out);
         return;
     }

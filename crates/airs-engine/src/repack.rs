@@ -18,7 +18,8 @@
 //! Where the design comes from: ik_llama.cpp's run-time repacking (`-rtr`), which converts
 //! tensors to `_R4`/`_R8` types after loading (an extra pass, and the file's type is gone);
 //! here the layout is a view of the same type, made in the loader's copy. Cost: one read and
-//! one write of each repacked chunk in cache (≈ 10 GB/s on one core), on the loading thread.
+//! one write of each repacked chunk while it is in cache, on the loading thread (not
+//! measured apart: the loader benchmarks time whole loads).
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -153,10 +154,13 @@ impl ChunkTransform for RepackPlan {
             let mut scratch = scratch.borrow_mut();
             for t in self.tensors[first..].iter().take_while(|t| t.offset < end) {
                 let group_bytes = t.group_bytes();
-                for g in 0..t.rows.div_ceil(GROUP_ROWS) {
+                // Only the groups that start inside this chunk.
+                let first_group = offset.saturating_sub(t.offset).div_ceil(group_bytes) as usize;
+                let last_group = ((end - t.offset).div_ceil(group_bytes) as usize)
+                    .min(t.rows.div_ceil(GROUP_ROWS));
+                for g in first_group..last_group {
                     let start = t.offset + g as u64 * group_bytes;
-                    if start < offset || start + group_bytes > end || !t.packed(g, self.chunk_bytes)
-                    {
+                    if start + group_bytes > end || !t.packed(g, self.chunk_bytes) {
                         continue;
                     }
                     let at = (start - offset) as usize;

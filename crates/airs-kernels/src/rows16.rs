@@ -29,8 +29,9 @@
 //! permutation is a view the kernels know, so every other path (dequantize, the reference
 //! `dot`) keeps working through [`unpack_group`]. Cost: repacking reads and writes each
 //! byte once (done by the loader while the bytes are in cache after the read); a product
-//! reads each weight byte once per 16 tokens with ≈ 1.5 vector ops per 64 weight bytes and
-//! token plus the float step per block. Kernels: AVX-512 VNNI ([`fast`]); elsewhere a
+//! reads each weight byte once per 16 tokens: per 64 weight bytes and token one load and
+//! unpack shared by the tokens, a broadcast and a `vpdpbusd`, plus the float step per block
+//! (speeds: BENCHMARKS.md, `decode_dram`). Kernels: AVX-512 VNNI ([`fast`]); elsewhere a
 //! repacked group is unpacked into a buffer and multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
