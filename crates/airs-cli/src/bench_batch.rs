@@ -1,10 +1,15 @@
 //! `airs bench batch`: what continuous batching buys. For each concurrency in `--sessions`,
 //! that many requests (distinct prompts of `--prompt-tokens`, optionally starting with a common
 //! `--shared-prefix`) arrive at once at one scheduler and generate `--gen-tokens` each (greedy,
-//! end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s (all
-//! decode tokens over the span from the first request's first token to the last request's last
-//! token), the median per-session decode tokens/s, time to first token (median and p99), the
-//! scheduler steps, and whether every request's tokens equal the same request served alone.
+//! end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s while all
+//! of them decode concurrently (tokens produced between the last request's first token and the
+//! first request's last token, over that interval: the steady state of that many sessions),
+//! the same over the whole span (first request's first token to the last request's last token,
+//! which also holds the prefill of requests that arrived behind a full step), the median
+//! per-session decode tokens/s, time to first token (median and p99), the scheduler steps, and
+//! whether every request's tokens equal the same request served alone. Repetitions alternate
+//! the concurrencies (1, 4, 16, 1, 4, 16, …) so that a drifting machine biases none of them, and
+//! medians are reported.
 //!
 //! The scheduler reads each weight matrix once per step for all the sequences in it, so
 //! aggregate decode grows with concurrency until the step's compute, not the weight stream,
@@ -68,6 +73,8 @@ pub struct BenchBatchArgs {
 struct Timeline {
     first: Option<Instant>,
     last: Option<Instant>,
+    /// When each token arrived.
+    times: Vec<Instant>,
     tokens: Vec<u32>,
     error: Option<String>,
 }
@@ -75,6 +82,9 @@ struct Timeline {
 /// One concurrency's measurement.
 #[derive(Clone, Debug)]
 struct Run {
+    /// Decode tokens/s while every request decodes (None: the window was empty).
+    concurrent: Option<f64>,
+    /// Decode tokens/s from the first first token to the last last token.
     aggregate: f64,
     per_session: Vec<f64>,
     ttft: Vec<Duration>,
@@ -140,6 +150,7 @@ fn measure(
                         let now = Instant::now();
                         t.first.get_or_insert(now);
                         t.last = Some(now);
+                        t.times.push(now);
                         t.tokens.push(tok.id);
                     }
                     Event::Failed(e) => t.error = Some(e.to_string()),
@@ -171,8 +182,25 @@ fn measure(
     let first = lines.iter().filter_map(|l| l.first).min().unwrap_or(t0);
     let last = lines.iter().filter_map(|l| l.last).max().unwrap_or(t0);
     let total: usize = lines.iter().map(decode).sum();
+    // The window in which every request decodes: after the last first token, up to the first
+    // last token.
+    let window_start = lines.iter().filter_map(|l| l.first).max().unwrap_or(t0);
+    let window_end = lines.iter().filter_map(|l| l.last).min().unwrap_or(t0);
+    let concurrent = (window_end > window_start).then(|| {
+        let in_window: usize = lines
+            .iter()
+            .map(|l| {
+                l.times
+                    .iter()
+                    .filter(|&&t| t > window_start && t <= window_end)
+                    .count()
+            })
+            .sum();
+        in_window as f64 / (window_end - window_start).as_secs_f64()
+    });
     let stats = scheduler.stats();
     Ok(Run {
+        concurrent,
         aggregate: total as f64 / (last - first).as_secs_f64().max(1e-9),
         per_session,
         ttft: lines
@@ -310,16 +338,24 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut identical_all = true;
     let mut one_session: Option<f64> = None;
-    for &n in &args.sessions {
-        let mut runs = Vec::new();
-        for _ in 0..args.reps.max(1) {
+    let mut one_session_span: Option<f64> = None;
+    // Repetitions alternate the concurrencies.
+    let mut runs_of: Vec<Vec<Run>> = vec![Vec::new(); args.sessions.len()];
+    for _ in 0..args.reps.max(1) {
+        for (&n, runs) in args.sessions.iter().zip(&mut runs_of) {
             runs.push(measure(&model, &args, &prompts[..n])?);
         }
+    }
+    for (&n, runs) in args.sessions.iter().zip(&runs_of) {
         let identical = !args.no_compare
             && runs
                 .iter()
                 .all(|r| r.tokens.iter().zip(&alone).all(|(a, b)| a == b));
         identical_all &= identical;
+        let concurrent = runs
+            .iter()
+            .all(|r| r.concurrent.is_some())
+            .then(|| median(&mut runs.iter().filter_map(|r| r.concurrent).collect::<Vec<_>>()));
         let aggregate = median(&mut runs.iter().map(|r| r.aggregate).collect::<Vec<_>>());
         let per_session = median(
             &mut runs
@@ -332,13 +368,16 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             .flat_map(|r| r.ttft.iter().map(|d| d.as_secs_f64() * 1e3))
             .collect();
         if n == 1 {
-            one_session = Some(aggregate);
+            one_session = concurrent;
+            one_session_span = Some(aggregate);
         }
         rows.push(json!({
             "sessions": n,
-            "aggregate_decode_tokens_per_s": aggregate,
+            "aggregate_decode_tokens_per_s": concurrent,
+            "speedup_vs_one_session": one_session.zip(concurrent).map(|(o, c)| c / o),
+            "aggregate_span_tokens_per_s": aggregate,
+            "span_speedup_vs_one_session": one_session_span.map(|o| aggregate / o),
             "per_session_decode_tokens_per_s": per_session,
-            "speedup_vs_one_session": one_session.map(|o| aggregate / o),
             "ttft_ms_p50": percentile(&ttft_ms, 50.0),
             "ttft_ms_p99": percentile(&ttft_ms, 99.0),
             "steps": median(&mut runs.iter().map(|r| r.steps as f64).collect::<Vec<_>>()),
@@ -346,7 +385,8 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             "prompt_tokens_computed": runs[0].prefill_tokens,
             "prefix_hit_tokens": runs[0].prefix_hit_tokens,
             "identical_to_alone": identical,
-            "aggregate_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
+            "aggregate_all": runs.iter().map(|r| r.concurrent).collect::<Vec<_>>(),
+            "aggregate_span_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
         }));
     }
     let probe = if args.probe_background > 0 {
@@ -386,9 +426,11 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             args.gen_tokens
         );
         println!(
-            "{:>8} {:>14} {:>9} {:>13} {:>10} {:>10} {:>6} {:>10}",
+            "{:>8} {:>14} {:>9} {:>10} {:>9} {:>13} {:>10} {:>10} {:>6} {:>10}",
             "sessions",
             "aggregate t/s",
+            "speedup",
+            "span t/s",
             "speedup",
             "per-session",
             "ttft p50",
@@ -398,10 +440,16 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         );
         for r in report["runs"].as_array().expect("rows") {
             println!(
-                "{:>8} {:>14.1} {:>8.2}x {:>13.1} {:>8.1}ms {:>8.1}ms {:>6} {:>10}",
+                "{:>8} {:>14.1} {:>8.2}x {:>10.1} {:>8.2}x {:>13.1} {:>8.1}ms {:>8.1}ms {:>6} {:>10}",
                 r["sessions"],
-                r["aggregate_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+                r["aggregate_decode_tokens_per_s"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
                 r["speedup_vs_one_session"].as_f64().unwrap_or(f64::NAN),
+                r["aggregate_span_tokens_per_s"].as_f64().unwrap_or(0.0),
+                r["span_speedup_vs_one_session"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
                 r["per_session_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
                 r["ttft_ms_p50"].as_f64().unwrap_or(0.0),
                 r["ttft_ms_p99"].as_f64().unwrap_or(0.0),

@@ -27,9 +27,14 @@
 //!
 //! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
-//! kernel runs as a 256-bit build of the same code (bit-identical results). Measured on one
-//! core (Zen 4, 2048 positions, Qwen2.5-0.5B's 24 layers × 14 query / 2 KV heads of 64): one
-//! decode step's attention takes about 8 ms for f16 and q8_0 and 6.5-9 ms for f32.
+//! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that also
+//! scores 16 positions per register (the positions in the lanes, so `dot`'s eight partial sums
+//! stay eight registers) and accumulates V rows 64 values at a time — bit-identical results in
+//! every build (tested). Before the first row is read, every run's rows are requested into L2:
+//! a paged cache's runs each start a new page, beyond the hardware prefetcher's reach. Measured
+//! on one core (Zen 4, 2048 positions, Qwen2.5-0.5B's 24 layers × 14 query / 2 KV heads of
+//! 64), before the AVX-512 build: one decode step's attention took about 8 ms for f16 and q8_0
+//! and 6.5-9 ms for f32; the AVX-512 build's gain is in BENCHMARKS.md (batched decode).
 
 use airs_gguf::GgmlType;
 
@@ -488,14 +493,30 @@ fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
 /// cache's runs lie in separate blocks, where the hardware prefetcher loses the stream.
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
+    prefetch_into::<false>(bytes);
+}
+
+/// [`prefetch`] into L2 only (`prefetcht1`), for rows read a little later: one hint per 128
+/// bytes, as the L2's adjacent-line prefetcher completes each pair of lines.
+#[inline(always)]
+fn prefetch_l2(bytes: &[u8]) {
+    prefetch_into::<true>(bytes);
+}
+
+/// Prefetch hints over `bytes`: every line into L1, or (`L2`) every other line into L2.
+#[inline(always)]
+fn prefetch_into<const L2: bool>(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
+    for line in bytes.chunks(if L2 { 128 } else { 64 }) {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
         // SAFETY: a prefetch is only a hint: it never faults, has no architectural effect,
         // and the address lies inside a live slice anyway.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
+            if L2 {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast())
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast())
+            }
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -518,9 +539,10 @@ const CHUNK_ROWS: usize = 16;
 /// covering positions `0..n_ctx` in order: for each of the `q.len() / head_dim` query heads,
 /// `out_h = softmax(scale · K q_h) · V`. `scores` needs `heads × n_ctx` floats.
 ///
-/// On x86-64 CPUs with AVX2 the same code is compiled for 256-bit vectors. Rust never fuses or
-/// reorders float operations, so both builds compute bit-identical results; only the speed
-/// differs (aarch64's baseline NEON needs no second build).
+/// On x86-64 CPUs with AVX2 the same code is compiled for 256-bit vectors, and with AVX-512 F
+/// with two 512-bit kernels besides. Rust never fuses or reorders float operations and the
+/// kernels keep the portable order, so every build computes bit-identical results; only the
+/// speed differs (aarch64's baseline NEON needs no second build).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
@@ -534,37 +556,191 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     scores: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the CPU supports AVX-512 F, AVX2 and F16C (checked just above), the only
+        // requirement of a `target_feature(enable = "avx512f,avx2,f16c")` function.
+        unsafe { attend_runs_avx512(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
         // SAFETY: the CPU supports AVX2 and F16C (checked just above), the only requirement of
         // a `target_feature(enable = "avx2,f16c")` function.
         unsafe { attend_runs_avx2(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
         return;
     }
-    attend_runs_any::<false, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+    attend_runs_any::<false, false, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
 }
 
-/// [`attend_runs`] compiled for AVX2, converting f16 rows with F16C.
+/// An x86-64 build of [`attend_runs_any`] for the CPU features `$features`.
+macro_rules! attend_build {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $x86:literal, $avx512:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        fn $name<'a, F: Fn(usize) -> RowRun<'a>>(
+            ty: KvType,
+            head_dim: usize,
+            runs: usize,
+            run: F,
+            q: &[f32],
+            n_ctx: usize,
+            scale: f32,
+            out: &mut [f32],
+            scores: &mut [f32],
+        ) {
+            attend_runs_any::<$x86, $avx512, _>(
+                ty, head_dim, runs, run, q, n_ctx, scale, out, scores,
+            );
+        }
+    };
+}
+
+attend_build!(
+    /// [`attend_runs`] compiled for AVX2, converting f16 rows with F16C.
+    attend_runs_avx2, "avx2,f16c", true, false
+);
+attend_build!(
+    /// [`attend_runs`] compiled for AVX-512: as the AVX2 build, plus 16 positions' scores per
+    /// head at once ([`scores_avx512`]) and 64 output values per V row ([`accumulate_avx512`])
+    /// for f16 and f32 rows whose width is a multiple of 16 — the same bits.
+    attend_runs_avx512, "avx512f,avx2,f16c", true, true
+);
+
+/// `scores[h · n_ctx + i] = dot(q_h, row i) · scale` for the `n ≤ 16` rows of `rows` and every
+/// query head `h` of `q`: the 16 rows sit in the 16 lanes of a register (gathered, one register
+/// per column), so the 8 partial sums [`dot`] keeps per row are 8 registers, added in `dot`'s
+/// lane order at the end — the same bits as [`dot_rows`], ~4 instructions per score instead of
+/// ~30.
+///
+/// # Safety
+/// AVX-512 F (the caller is [`attend_runs_avx512`]); `rows` holds 16 rows of `head_dim`
+/// values (rows `n..16` are read and ignored), `head_dim` a multiple of 8 and ≤
+/// [`MAX_HEAD_DIM`]; `scores` holds `heads × n_ctx` values and `j0 + n ≤ n_ctx`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn attend_runs_avx2<'a, F: Fn(usize) -> RowRun<'a>>(
-    ty: KvType,
-    head_dim: usize,
-    runs: usize,
-    run: F,
-    q: &[f32],
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-    scores: &mut [f32],
-) {
-    attend_runs_any::<true, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
-}
-
-/// The body of [`attend_runs`], inlined into each instruction-set build.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_runs_any<'a, const X86_SIMD: bool, F: Fn(usize) -> RowRun<'a>>(
+unsafe fn scores_avx512(
+    q: &[f32],
+    head_dim: usize,
+    rows: &[f32],
+    n: usize,
+    scale: f32,
+    scores: &mut [f32],
+    n_ctx: usize,
+    j0: usize,
+) {
+    use std::arch::x86_64::*;
+    assert!(
+        head_dim.is_multiple_of(8)
+            && head_dim <= MAX_HEAD_DIM
+            && rows.len() >= CHUNK_ROWS * head_dim
+            && n <= CHUNK_ROWS
+    );
+    let heads = q.len() / head_dim;
+    assert!(scores.len() >= heads * n_ctx && j0 + n <= n_ctx);
+    // SAFETY: AVX-512 F is available (contract); the gather reads element `d` of rows 0..16,
+    // all inside `rows` (asserted); the masked store writes scores `j0..j0 + n` of head `h`,
+    // inside `scores` (asserted).
+    unsafe {
+        // Only the first `head_dim` columns are written and read.
+        let mut columns = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_HEAD_DIM];
+        let stride = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(head_dim as i32),
+        );
+        for (d, c) in columns[..head_dim].iter_mut().enumerate() {
+            c.write(_mm512_i32gather_ps::<4>(stride, rows.as_ptr().add(d)));
+        }
+        let mask: __mmask16 = ((1u32 << n) - 1) as u16;
+        for h in 0..heads {
+            let qh = &q[h * head_dim..(h + 1) * head_dim];
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for c in 0..head_dim / 8 {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm512_set1_ps(*qh.get_unchecked(8 * c + i));
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, columns[8 * c + i].assume_init()));
+                }
+            }
+            let mut sum = acc[0];
+            for &a in &acc[1..] {
+                sum = _mm512_add_ps(sum, a);
+            }
+            let s = _mm512_mul_ps(sum, _mm512_set1_ps(scale));
+            _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * n_ctx + j0), mask, s);
+        }
+    }
+}
+
+/// [`accumulate_rows`] with 512-bit registers: `out += Σ_i w[i] · row i`, every element summed
+/// in row order (the same bits), 64 columns of `out` per pass in four registers.
+///
+/// # Safety
+/// AVX-512 F (the caller is [`attend_runs_avx512`]); `out.len()` a multiple of 16 and `rows`
+/// holds `w.len()` rows of `out.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn accumulate_avx512(out: &mut [f32], w: &[f32], rows: &[f32]) {
+    let n = out.len();
+    assert!(n.is_multiple_of(16) && rows.len() >= w.len() * n);
+    let mut c = 0;
+    while c < n {
+        // SAFETY: AVX-512 F is available (contract); columns `c..c + 16·REGS ≤ n`.
+        unsafe {
+            c += match (n - c) / 16 {
+                1 => accumulate_columns::<1>(out, w, rows, c),
+                2 => accumulate_columns::<2>(out, w, rows, c),
+                3 => accumulate_columns::<3>(out, w, rows, c),
+                _ => accumulate_columns::<4>(out, w, rows, c),
+            };
+        }
+    }
+}
+
+/// Columns `c..c + 16·REGS` of [`accumulate_avx512`], in `REGS` registers; returns their
+/// count.
+///
+/// # Safety
+/// AVX-512 F; `c + 16·REGS ≤ out.len()` and `rows` holds `w.len()` rows of `out.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn accumulate_columns<const REGS: usize>(
+    out: &mut [f32],
+    w: &[f32],
+    rows: &[f32],
+    c: usize,
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(c + 16 * REGS <= n && rows.len() >= w.len() * n);
+    // SAFETY: AVX-512 F is available (contract); loads and stores touch columns
+    // `c..c + 16·REGS ≤ n` of `out` and of rows `i < w.len()` of `rows` (asserted).
+    unsafe {
+        let mut acc: [__m512; REGS] =
+            std::array::from_fn(|j| _mm512_loadu_ps(out.as_ptr().add(c + 16 * j)));
+        for (i, &wi) in w.iter().enumerate() {
+            let wv = _mm512_set1_ps(wi);
+            let row = rows.as_ptr().add(i * n + c);
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(row.add(16 * j))));
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * j), *a);
+        }
+    }
+    16 * REGS
+}
+
+/// The body of [`attend_runs`], inlined into each instruction-set build. `AVX512` may only be
+/// true inside [`attend_runs_avx512`], `X86_SIMD` inside it or [`attend_runs_avx2`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
     head_dim: usize,
     runs: usize,
@@ -595,8 +771,16 @@ fn attend_runs_any<'a, const X86_SIMD: bool, F: Fn(usize) -> RowRun<'a>>(
             }
         }
     }
-    let mut rows_buf = [0.0f32; CHUNK_ROWS * MAX_HEAD_DIM];
+    let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
 
+    // Every run's K and V rows requested into L2 before any is read: the runs lie in separate
+    // blocks (a new page each), so neither the hardware prefetcher nor one run of lookahead
+    // hides their latency.
+    for r in 0..runs {
+        let RowRun { k, v, .. } = run(r);
+        prefetch_l2(k);
+        prefetch_l2(v);
+    }
     // Scores, a chunk of rows at a time: decode the rows once, then every head.
     let mut j0 = 0;
     for r in 0..runs {
@@ -622,6 +806,20 @@ fn attend_runs_any<'a, const X86_SIMD: bool, F: Fn(usize) -> RowRun<'a>>(
                 let buf = &mut rows_buf[..n * head_dim];
                 for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
                     decode_row_with::<X86_SIMD>(ty, row(i), o);
+                }
+                // (Fewer than 8 rows: the gathers cost more than the 8-row AVX2 kernel.)
+                #[cfg(target_arch = "x86_64")]
+                if AVX512 && head_dim.is_multiple_of(8) && n >= 8 {
+                    // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, which runs
+                    // after runtime detection of AVX-512 F; `rows_buf` holds CHUNK_ROWS rows
+                    // of `head_dim ≤ MAX_HEAD_DIM` values, `n ≤ CHUNK_ROWS`, and positions
+                    // `j0..j0 + n` lie inside `n_ctx`.
+                    unsafe {
+                        scores_avx512(&q_f32, head_dim, &rows_buf, n, scale, scores, n_ctx, j0)
+                    };
+                    i0 += n;
+                    j0 += n;
+                    continue;
                 }
                 for h in 0..heads {
                     let qh = &q_f32[h * head_dim..(h + 1) * head_dim];
@@ -681,6 +879,13 @@ fn attend_runs_any<'a, const X86_SIMD: bool, F: Fn(usize) -> RowRun<'a>>(
             for h in 0..heads {
                 let oh = &mut out[h * head_dim..(h + 1) * head_dim];
                 let w = &scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                #[cfg(target_arch = "x86_64")]
+                if AVX512 && head_dim.is_multiple_of(16) {
+                    // SAFETY: `AVX512` is true only inside `attend_runs_avx512` (AVX-512 F
+                    // detected); `buf` holds `n = w.len()` rows of `head_dim` values.
+                    unsafe { accumulate_avx512(oh, w, buf) };
+                    continue;
+                }
                 accumulate_rows(oh, w, buf);
             }
             i0 += n;
@@ -904,13 +1109,18 @@ mod tests {
     #[test]
     fn every_instruction_set_build_computes_the_same_bits() {
         let n = 77;
-        // 20: rows that are not a multiple of the 8 values F16C converts at once.
+        // 20: rows that are not a multiple of the 8 values F16C converts at once; 40: scores
+        // 16 positions at a time (AVX-512) but V rows not a multiple of 16 values; 256: the
+        // widest heads.
         let cases = [
             (64, KvType::F32),
             (64, KvType::F16),
             (64, KvType::Q8_0),
             (20, KvType::F32),
             (20, KvType::F16),
+            (40, KvType::F16),
+            (256, KvType::F16),
+            (256, KvType::F32),
         ];
         for (head_dim, ty) in cases {
             let rb = ty.row_bytes(head_dim).unwrap();
@@ -945,9 +1155,29 @@ mod tests {
             let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
             let runs = n.div_ceil(16);
             attend_runs(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores);
-            attend_runs_any::<false, _>(ty, head_dim, runs, run, &q, n, 0.125, &mut b, &mut scores);
+            attend_runs_any::<false, false, _>(
+                ty,
+                head_dim,
+                runs,
+                run,
+                &q,
+                n,
+                0.125,
+                &mut b,
+                &mut scores,
+            );
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "{ty:?}");
+            assert_eq!(bits(&a), bits(&b), "{ty:?} {head_dim}: the detected build");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                // SAFETY: AVX2 and F16C were detected just above.
+                unsafe {
+                    attend_runs_avx2(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores)
+                };
+                assert_eq!(bits(&a), bits(&b), "{ty:?} {head_dim}: the AVX2 build");
+            }
         }
     }
 

@@ -289,6 +289,9 @@ fn matmul_packed(
     let chunk = (rows / (pool.threads() * 8)).next_multiple_of(G).max(G);
     let act_row_bytes = acts.len() / tokens.max(1);
     let acts = &acts[..tokens * act_row_bytes];
+    // The rows16 kernels' per-block activation terms, once for every chunk and thread.
+    let prepared = airs_kernels::rows16::Activations::new(isa, w.ty, w.cols, acts)
+        .expect("matmul geometry checked at model load");
     let writer = DisjointOut::new(out);
     pool.for_chunks(rows, chunk, &|range| {
         let mut r0 = range.start;
@@ -302,7 +305,7 @@ fn matmul_packed(
             let width = r1 - r0;
             let run = |o: &mut [f32], stride: usize| {
                 if packed {
-                    airs_kernels::rows16::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
+                    airs_kernels::rows16::matmul_with(isa, w_rows, &prepared, o, stride)
                 } else {
                     airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
                 }

@@ -5,8 +5,12 @@
 //! Modes: `stream` (the read-bandwidth probe's kernel over the same bytes in the same chunks:
 //! the ceiling), `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot`
 //! call per row, what `matmul` did before); `rows16` the same product on the matrices repacked
-//! into the 16-row interleaved layout the loaders write (`rows16::matmul`). Each case reports the fastest of several passes over
+//! into the 16-row interleaved layout the loaders write (`rows16::matmul_with`, the activation
+//! terms prepared once per product as the engine does). Each case reports the fastest of several passes over
 //! the ring, so a noisy machine mostly costs time, not accuracy.
+//!
+//! `AIRS_BENCH_TOKENS=T` (1..=16, default 1) multiplies T activation rows at once (batched
+//! decode of T sequences); the GB/s column stays weight bytes over time.
 //!
 //! `cargo bench -p airs-kernels --bench decode_dram [-- FILTER...]`.
 
@@ -41,6 +45,15 @@ fn ring_bytes() -> usize {
         .map_or(256 << 20, |m| m << 20)
 }
 const CHUNK: usize = 64;
+
+/// Activation rows per product (`AIRS_BENCH_TOKENS`, default 1: decode of one sequence; up to
+/// 16, the batched decode of that many sequences).
+fn tokens() -> usize {
+    std::env::var("AIRS_BENCH_TOKENS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(1, |t| t.clamp(1, 16))
+}
 
 fn floats(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -96,8 +109,11 @@ fn main() {
             Vec::new()
         };
         let act = act_type(ty).unwrap();
-        let mut a = vec![0u8; act.row_bytes(n)];
-        quantize_act(act, &floats(n, 99), &mut a).unwrap();
+        let tokens = tokens();
+        let mut a = vec![0u8; tokens * act.row_bytes(n)];
+        for (t, a) in a.chunks_exact_mut(act.row_bytes(n)).enumerate() {
+            quantize_act(act, &floats(n, 99 + t as u64), a).unwrap();
+        }
         for threads in [1usize, 2] {
             for mode in ["stream", "rows16", "matmul", "rowdot"] {
                 let label = format!("{} {rows}x{n} t{threads} {mode}", ty.name());
@@ -106,7 +122,8 @@ fn main() {
                 } else {
                     &ring
                 };
-                if !wanted(&label) || ring.is_empty() {
+                // `rowdot` is one activation row's per-row product.
+                if !wanted(&label) || ring.is_empty() || (tokens > 1 && mode == "rowdot") {
                     continue;
                 }
                 let passes = 4;
@@ -119,7 +136,7 @@ fn main() {
                             .map(|me| {
                                 let (barrier, ring, a) = (&barrier, &ring, &a);
                                 s.spawn(move || {
-                                    let mut out = vec![0f32; rows];
+                                    let mut out = vec![0f32; rows.max(tokens * CHUNK)];
                                     barrier.wait();
                                     let start = Instant::now();
                                     for _ in 0..passes {
@@ -174,28 +191,25 @@ fn run_one(
     out: &mut [f32],
     mode: &str,
 ) {
+    // Several activation rows: each chunk's products go to the start of `out` (rows of CHUNK).
+    let batched = a.len() > act_type(ty).unwrap().row_bytes(n);
+    // The rows16 kernels' activation terms, once per product as the engine prepares them.
+    let prepared = (mode == "rows16").then(|| rows16::Activations::new(isa, ty, n, a).unwrap());
     for c in (me..rows.div_ceil(CHUNK)).step_by(threads) {
         let r0 = c * CHUNK;
         let r1 = (r0 + CHUNK).min(rows);
         let w = &m[r0 * wrb..r1 * wrb];
+        let o = if batched {
+            &mut out[..]
+        } else {
+            &mut out[r0..r1]
+        };
         if mode == "stream" {
             out[r0] = xor_fold(isa, black_box(w)) as f32;
-        } else if mode == "rows16" || mode == "matmul" {
-            let product = if mode == "rows16" {
-                rows16::matmul
-            } else {
-                matmul
-            };
-            product(
-                isa,
-                ty,
-                n,
-                black_box(w),
-                black_box(a),
-                &mut out[r0..r1],
-                r1 - r0,
-            )
-            .unwrap();
+        } else if let Some(prepared) = &prepared {
+            rows16::matmul_with(isa, black_box(w), prepared, o, r1 - r0).unwrap();
+        } else if mode == "matmul" {
+            matmul(isa, ty, n, black_box(w), black_box(a), o, r1 - r0).unwrap();
         } else {
             for (r, w) in w.chunks_exact(wrb).enumerate() {
                 out[r0 + r] = dot(isa, ty, n, black_box(w), black_box(a)).unwrap();

@@ -31,8 +31,11 @@
 //! byte once (done by the loader while the bytes are in cache after the read); a product
 //! reads each weight byte once per 16 tokens: per 64 weight bytes and token one load and
 //! unpack shared by the tokens, a broadcast and a `vpdpbusd`, plus the float step per block
-//! (speeds: BENCHMARKS.md, `decode_dram`). Kernels: AVX-512 VNNI ([`fast`]); elsewhere a
-//! repacked group is unpacked into a buffer and multiplied by the GGUF-layout kernels.
+//! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
+//! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
+//! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
+//! token stay in registers. Kernels: AVX-512 VNNI ([`fast`]); elsewhere a repacked group is
+//! unpacked into a buffer and multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 
@@ -252,10 +255,100 @@ pub fn dequantize_row(
     crate::dequantize_row(ty, &row, dst)
 }
 
+/// Activation rows of one product with a rows16 weight type, and the per-block terms its
+/// kernels read: computed once per product and shared by every chunk of rows (and thread)
+/// multiplied with them, rather than once per call.
+///
+/// The terms (only where [`fast`] says the kernels run): per row and block, the activation
+/// scale as f32; for Q8_0/Q4_0/Q5_0 the weight offset times the sum of the block's codes
+/// (`−off · Σ y`, exact in i32); for Q4_K/Q6_K the 16 sub-block sums and, for Q4_K, their
+/// 32-value pairs packed as i16 for `vpdpwssd`. Cost: one pass over the activation rows.
+pub struct Activations<'a> {
+    ty: GgmlType,
+    n: usize,
+    /// Bytes of one activation row.
+    row_bytes: usize,
+    rows: &'a [u8],
+    /// Blocks (or superblocks) per row.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    blocks: usize,
+    dy: Vec<f32>,
+    offset_sum: Vec<i32>,
+    bsums: Vec<[i32; 16]>,
+    min_pairs: Vec<[i32; 4]>,
+}
+
+impl<'a> Activations<'a> {
+    /// `acts`: whole activation rows (the weight type's activation type) of `n` values, for
+    /// products with weights of type `ty`.
+    pub fn new(
+        isa: Isa,
+        ty: GgmlType,
+        n: usize,
+        acts: &'a [u8],
+    ) -> Result<Activations<'a>, KernelError> {
+        if !has_layout(ty) {
+            return Err(KernelError::UnsupportedType(ty));
+        }
+        crate::check_row(ty, n)?;
+        let row_bytes = crate::act_type(ty)?.row_bytes(n);
+        let tokens = acts.len() / row_bytes.max(1);
+        crate::check_len("rows16 activations", tokens * row_bytes, acts.len())?;
+        let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+        let blocks = if kquant { n / 256 } else { n / 32 };
+        let mut a = Activations {
+            ty,
+            n,
+            row_bytes,
+            rows: acts,
+            blocks,
+            dy: Vec::new(),
+            offset_sum: Vec::new(),
+            bsums: Vec::new(),
+            min_pairs: Vec::new(),
+        };
+        if !fast(isa, ty) {
+            return Ok(a);
+        }
+        if kquant {
+            for y in acts.chunks_exact(292) {
+                a.dy.push(f32::from_le_bytes([y[0], y[1], y[2], y[3]]));
+                let bs: [i32; 16] = std::array::from_fn(|t| {
+                    i32::from(i16::from_le_bytes([y[260 + 2 * t], y[261 + 2 * t]]))
+                });
+                a.bsums.push(bs);
+                // |pair| ≤ 32 · 128: an i16.
+                a.min_pairs.push(std::array::from_fn(|s| {
+                    let lo = bs[4 * s] + bs[4 * s + 1];
+                    let hi = bs[4 * s + 2] + bs[4 * s + 3];
+                    (lo & 0xFFFF) | (hi << 16)
+                }));
+            }
+        } else {
+            let off = match ty {
+                GgmlType::Q8_0 => 128,
+                GgmlType::Q4_0 => 8,
+                _ => 16,
+            };
+            for b in acts.chunks_exact(34) {
+                a.dy.push(crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+                a.offset_sum
+                    .push(-off * b[2..].iter().map(|&q| i32::from(q as i8)).sum::<i32>());
+            }
+        }
+        Ok(a)
+    }
+
+    /// Activation rows held.
+    pub fn tokens(&self) -> usize {
+        self.rows.len() / self.row_bytes.max(1)
+    }
+}
+
 /// `out[t · out_stride + r] = row r · activation row t` for every row of the packed groups
 /// `w` (rows16 layout of `ty`, `n` values a row) and every activation row in `acts` (in
-/// `act_type(ty)`: Q8_0, or Q8_K for Q4_K).
-/// Bit-identical to `dot(Isa::Scalar, ..)` on the unpacked rows.
+/// `act_type(ty)`: Q8_0, or Q8_K for the k-quants). Bit-identical to `dot(Isa::Scalar, ..)`
+/// on the unpacked rows.
 pub fn matmul(
     isa: Isa,
     ty: GgmlType,
@@ -265,10 +358,27 @@ pub fn matmul(
     out: &mut [f32],
     out_stride: usize,
 ) -> Result<(), KernelError> {
+    matmul_with(
+        isa,
+        w,
+        &Activations::new(isa, ty, n, acts)?,
+        out,
+        out_stride,
+    )
+}
+
+/// [`matmul`] with activation rows prepared once ([`Activations`], whose weight type and
+/// width `w` must have).
+pub fn matmul_with(
+    isa: Isa,
+    w: &[u8],
+    acts: &Activations<'_>,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<(), KernelError> {
+    let (ty, n) = (acts.ty, acts.n);
     let (_, group_bytes) = check_groups(ty, n, w.len())?;
-    let act_bytes = crate::act_type(ty)?.row_bytes(n);
-    let tokens = acts.len() / act_bytes;
-    crate::check_len("rows16 activations", tokens * act_bytes, acts.len())?;
+    let tokens = acts.tokens();
     let rows = w.len() / group_bytes * GROUP_ROWS;
     if tokens == 0 || rows == 0 {
         return Ok(());
@@ -283,21 +393,20 @@ pub fn matmul(
     }
     #[cfg(target_arch = "x86_64")]
     if fast(isa, ty) {
+        assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
         for t0 in (0..tokens).step_by(x86::MAX_TOKENS) {
             let t1 = (t0 + x86::MAX_TOKENS).min(tokens);
-            let acts = &acts[t0 * act_bytes..t1 * act_bytes];
             let out = &mut out[t0 * out_stride..];
             // SAFETY: `fast` checked AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C); the geometry is
-            // checked above (whole groups, whole activation rows, `out` large enough).
+            // checked above (whole groups, whole activation rows, `out` large enough) and the
+            // terms cover every row (asserted).
             unsafe {
                 if ty == GgmlType::Q4K {
-                    let kernel = q4k::x86::superblocks;
-                    x86::run_kquant(n, w, acts, out, out_stride, q4k::GROUP_BLOCK, kernel);
+                    x86::run_kquant::<q4k::x86::Kernel>(w, acts, t0..t1, out, out_stride);
                 } else if ty == GgmlType::Q6K {
-                    let kernel = q6k::x86::superblocks;
-                    x86::run_kquant(n, w, acts, out, out_stride, q6k::GROUP_BLOCK, kernel);
+                    x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, out, out_stride);
                 } else {
-                    x86::run(ty, n, w, acts, out, out_stride);
+                    x86::run(w, acts, t0..t1, out, out_stride);
                 }
             }
         }
@@ -310,7 +419,7 @@ pub fn matmul(
     for (g, packed) in w.chunks_exact(group_bytes).enumerate() {
         unpack_group(ty, n, packed, &mut natural)?;
         debug_assert_eq!(natural.len(), GROUP_ROWS * row_bytes);
-        crate::matmul(isa, ty, n, &natural, acts, &mut tile, GROUP_ROWS)?;
+        crate::matmul(isa, ty, n, &natural, acts.rows, &mut tile, GROUP_ROWS)?;
         for t in 0..tokens {
             let o = &mut out[t * out_stride + g * GROUP_ROWS..][..GROUP_ROWS];
             o.copy_from_slice(&tile[t * GROUP_ROWS..(t + 1) * GROUP_ROWS]);
@@ -403,7 +512,9 @@ mod q4k {
         use std::arch::x86_64::*;
 
         use super::GROUP_BLOCK;
-        use crate::rows16::x86::{MAX_TOKENS, Q8kAct, prefetch};
+        use crate::rows16::x86::{KquantGroup, Q8kAct, prefetch};
+
+        crate::rows16::x86::kquant_kernel!();
         /// Prefetch distance of the group stream.
         const PREFETCH_AHEAD: usize = 4096;
 
@@ -416,16 +527,15 @@ mod q4k {
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(in super::super) unsafe fn superblocks(
+        pub(in super::super) unsafe fn superblocks<const T: usize>(
             group: &[u8],
             nb: usize,
             acts: &[Q8kAct<'_>],
-            f: &mut [__m512],
-        ) {
-            f.fill(_mm512_setzero_ps());
+        ) -> [__m512; T] {
+            let mut f = [_mm512_setzero_ps(); T];
+            let acts: &[Q8kAct<'_>; T] = acts.try_into().expect("T activation rows");
             let low = _mm512_set1_epi8(0x0F);
             let p = group.as_ptr();
-            let mut isum = [_mm512_setzero_si512(); MAX_TOKENS];
             for b in 0..nb {
                 // SAFETY: superblock b of the group spans [2304·b, 2304·(b+1)) of `group`
                 // (caller); prefetches are hints and never fault.
@@ -452,10 +562,18 @@ mod q4k {
                     };
                     let sc: [__m512i; 8] =
                         std::array::from_fn(|s| field(sc_lo, s as u32, 2 * s as u32));
-                    let m: [__m512i; 8] =
-                        std::array::from_fn(|s| field(m_lo, s as u32, 16 + 2 * s as u32));
-                    let isum = &mut isum[..acts.len()];
-                    isum.fill(_mm512_setzero_si512());
+                    // The mins as i16 pairs (sub-blocks 2s, 2s + 1) for `vpdpwssd`.
+                    let m_pairs: [__m512i; 4] = std::array::from_fn(|s| {
+                        _mm512_or_si512(
+                            field(m_lo, 2 * s as u32, 16 + 4 * s as u32),
+                            _mm512_slli_epi32::<16>(field(
+                                m_lo,
+                                2 * s as u32 + 1,
+                                18 + 4 * s as u32,
+                            )),
+                        )
+                    });
+                    let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
                         let qs = blk.add(256 + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
@@ -487,12 +605,11 @@ mod q4k {
                         }
                     }
                     for ((a, is), ft) in acts.iter().zip(isum.iter()).zip(f.iter_mut()) {
-                        let bs = a.bsums.get_unchecked(b);
+                        // Σ m_s · (bsum_2s + bsum_2s+1), exact: |pair| ≤ 32 · 128 fits i16.
+                        let pairs = a.min_pairs.get_unchecked(b);
                         let mut summ = _mm512_setzero_si512();
-                        for s in 0..8 {
-                            let pair = bs[2 * s] + bs[2 * s + 1];
-                            let t = _mm512_mullo_epi32(m[s], _mm512_set1_epi32(pair));
-                            summ = _mm512_add_epi32(summ, t);
+                        for (mp, &yp) in m_pairs.iter().zip(pairs) {
+                            summ = _mm512_dpwssd_epi32(summ, *mp, _mm512_set1_epi32(yp));
                         }
                         let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
                         let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*is));
@@ -502,6 +619,7 @@ mod q4k {
                     }
                 }
             }
+            f
         }
     }
 }
@@ -561,7 +679,9 @@ mod q6k {
         use std::arch::x86_64::*;
 
         use super::{GROUP_BLOCK, QH, QL, SCALES};
-        use crate::rows16::x86::{MAX_TOKENS, Q8kAct, prefetch};
+        use crate::rows16::x86::{KquantGroup, Q8kAct, prefetch};
+
+        crate::rows16::x86::kquant_kernel!();
         const PREFETCH_AHEAD: usize = 4096;
 
         /// One group: per superblock the scalar reference's `isum = Σ sc·Σ(q − 32)·y` over
@@ -571,17 +691,16 @@ mod q6k {
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(in super::super) unsafe fn superblocks(
+        pub(in super::super) unsafe fn superblocks<const T: usize>(
             group: &[u8],
             nb: usize,
             acts: &[Q8kAct<'_>],
-            f: &mut [__m512],
-        ) {
-            f.fill(_mm512_setzero_ps());
+        ) -> [__m512; T] {
+            let mut f = [_mm512_setzero_ps(); T];
+            let acts: &[Q8kAct<'_>; T] = acts.try_into().expect("T activation rows");
             let low = _mm512_set1_epi8(0x0F);
             let top = _mm512_set1_epi8(0x30);
             let p = group.as_ptr();
-            let mut isum = [_mm512_setzero_si512(); MAX_TOKENS];
             for b in 0..nb {
                 // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller);
                 // prefetches are hints and never fault.
@@ -600,8 +719,7 @@ mod q6k {
                         );
                         _mm512_srai_epi32::<24>(up)
                     });
-                    let isum = &mut isum[..acts.len()];
-                    isum.fill(_mm512_setzero_si512());
+                    let mut isum = [_mm512_setzero_si512(); T];
                     for h in 0..2 {
                         for fq in 0..4 {
                             // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
@@ -664,6 +782,7 @@ mod q6k {
                     }
                 }
             }
+            f
         }
     }
 }
@@ -671,8 +790,9 @@ mod q6k {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
-    use super::GROUP_ROWS;
+    use super::{Activations, GROUP_ROWS};
     use crate::GgmlType;
 
     /// How far ahead of the block being multiplied its stream is prefetched.
@@ -681,135 +801,173 @@ mod x86 {
     /// Activation rows one pass takes.
     pub(super) const MAX_TOKENS: usize = 16;
 
-    /// Per activation row: the f16 scale `dy` as f32 and `Σ` of the 32 codes, per block.
-    struct Act<'a> {
-        blocks: &'a [[u8; 34]],
-        dy: Vec<f32>,
-        sum: Vec<i32>,
-    }
-
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of `ty` (a rows16 type)
-    /// with `n` values a row; `acts` 1..=[`MAX_TOKENS`] Q8_0 rows of `n` values; `out` holds
-    /// `(tokens − 1) · out_stride + rows` values and `out_stride ≥ rows` if tokens > 1.
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the activations' weight
+    /// type (Q8_0, Q4_0 or Q5_0); `tokens` 1..=[`MAX_TOKENS`] of its rows, whose terms it
+    /// holds; `out` holds `(tokens − 1) · out_stride + rows` values and `out_stride ≥ rows` if
+    /// tokens > 1.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn run(
-        ty: GgmlType,
-        n: usize,
         w: &[u8],
-        acts: &[u8],
+        acts: &Activations<'_>,
+        tokens: Range<usize>,
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let nb = n / 32;
-        let act_bytes = nb * 34;
-        let acts: Vec<Act<'_>> = acts
-            .chunks_exact(act_bytes)
-            .map(|a| {
-                let blocks = &a.as_chunks::<34>().0[..nb];
-                Act {
-                    blocks,
-                    dy: blocks
-                        .iter()
-                        .map(|b| crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
-                        .collect(),
-                    sum: blocks
-                        .iter()
-                        .map(|b| b[2..].iter().map(|&q| i32::from(q as i8)).sum())
-                        .collect(),
-                }
-            })
-            .collect();
-        let tokens = acts.len();
-        assert!((1..=MAX_TOKENS).contains(&tokens));
-        let (bb, off) = match ty {
-            GgmlType::Q8_0 => (34, 128),
-            GgmlType::Q4_0 => (18, 8),
-            _ => (22, 16),
+        let (ty, nb) = (acts.ty, acts.blocks);
+        assert!((1..=MAX_TOKENS).contains(&tokens.len()));
+        assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
+        let bb = match ty {
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q4_0 => 18,
+            _ => 22,
         };
         let group_bytes = GROUP_ROWS * nb * bb;
-        for_groups(w, group_bytes, tokens, out, out_stride, |group, f| {
-            // SAFETY: `group` is one whole group of this geometry (`for_groups`); the kernels
-            // read only inside it and inside the activation blocks; CPU features are the
-            // caller's.
-            unsafe {
-                match ty {
-                    GgmlType::Q8_0 => blocks::<0>(group, nb, bb, off, &acts, f),
-                    GgmlType::Q4_0 => blocks::<1>(group, nb, bb, off, &acts, f),
-                    _ => blocks::<2>(group, nb, bb, off, &acts, f),
+        macro_rules! dispatch {
+            ($($t:literal)*) => {
+                match (ty, tokens.len()) {
+                    $(
+                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
+                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
+                        (_, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
+                    )*
+                    _ => unreachable!("1..=16 activation rows"),
                 }
-            }
+            };
+        }
+        // SAFETY: CPU features are the caller's; the geometry is as `groups` requires.
+        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+    }
+
+    /// [`for_groups`] over [`blocks`] with `T` activation rows, the 16 row dots of every row
+    /// kept in registers across the group.
+    ///
+    /// # Safety
+    /// As [`run`], with rows `t0..t0 + T` of `acts`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn groups<const TY: u8, const T: usize>(
+        w: &[u8],
+        group_bytes: usize,
+        bb: usize,
+        acts: &Activations<'_>,
+        t0: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let nb = acts.blocks;
+        let ys: [*const u8; T] =
+            std::array::from_fn(|t| acts.rows[(t0 + t) * acts.row_bytes..].as_ptr());
+        let dys: [*const f32; T] = std::array::from_fn(|t| acts.dy[(t0 + t) * nb..].as_ptr());
+        let sums: [*const i32; T] =
+            std::array::from_fn(|t| acts.offset_sum[(t0 + t) * nb..].as_ptr());
+        for_groups(w, group_bytes, T, out, out_stride, |group, f| {
+            // SAFETY: `group` is one whole group of this geometry (`for_groups`); the
+            // pointers address `nb` blocks of each of the `T` activation rows; CPU features
+            // are the caller's.
+            let dots = unsafe { blocks::<TY, T>(group, nb, bb, &ys, &dys, &sums) };
+            f.copy_from_slice(&dots);
         });
     }
 
-    /// One Q8_K activation row as the k-quant kernels read it: per superblock its scale `dy`,
-    /// its codes, and the sums of its 16-value sub-blocks.
+    /// One Q8_K activation row as the k-quant kernels read it: per superblock its codes, its
+    /// scale `dy`, the sums of its 16-value sub-blocks and their 32-value pairs (as i16).
     pub(super) struct Q8kAct<'a> {
         pub(super) blocks: &'a [[u8; 292]],
-        pub(super) dy: Vec<f32>,
-        pub(super) bsums: Vec<[i32; 16]>,
+        pub(super) dy: &'a [f32],
+        pub(super) bsums: &'a [[i32; 16]],
+        pub(super) min_pairs: &'a [[i32; 4]],
     }
 
-    impl Q8kAct<'_> {
-        /// The rows of `acts` (whole Q8_K rows of `nb` superblocks).
-        pub(super) fn rows(acts: &[u8], nb: usize) -> Vec<Q8kAct<'_>> {
-            acts.chunks_exact(nb * 292)
-                .map(|a| {
-                    let blocks = &a.as_chunks::<292>().0[..nb];
-                    Q8kAct {
-                        blocks,
-                        dy: blocks
-                            .iter()
-                            .map(|y| f32::from_le_bytes([y[0], y[1], y[2], y[3]]))
-                            .collect(),
-                        bsums: blocks
-                            .iter()
-                            .map(|y| {
-                                std::array::from_fn(|t| {
-                                    i32::from(i16::from_le_bytes([y[260 + 2 * t], y[261 + 2 * t]]))
-                                })
-                            })
-                            .collect(),
-                    }
-                })
-                .collect()
+    impl<'a> Q8kAct<'a> {
+        /// Row `t` of `acts` (a k-quant product's).
+        pub(super) fn row(acts: &'a Activations<'a>, t: usize) -> Q8kAct<'a> {
+            let nb = acts.blocks;
+            let y = &acts.rows[t * acts.row_bytes..(t + 1) * acts.row_bytes];
+            Q8kAct {
+                blocks: &y.as_chunks::<292>().0[..nb],
+                dy: &acts.dy[t * nb..(t + 1) * nb],
+                bsums: &acts.bsums[t * nb..(t + 1) * nb],
+                min_pairs: &acts.min_pairs[t * nb..(t + 1) * nb],
+            }
         }
     }
 
-    /// A k-quant group kernel: `(group, superblocks per row, activation rows, f)`.
-    pub(super) type KquantGroup = unsafe fn(&[u8], usize, &[Q8kAct<'_>], &mut [__m512]);
+    /// `Kernel`, a k-quant layout module's [`KquantGroup`]: its `GROUP_BLOCK` and its
+    /// `superblocks` function.
+    macro_rules! kquant_kernel {
+        () => {
+            /// This layout's kernel for [`crate::rows16::x86::run_kquant`].
+            pub(in super::super) struct Kernel;
 
-    /// The k-quant product: `superblocks` over every group of `w` (`group_block` bytes per
-    /// superblock of a group).
+            impl KquantGroup for Kernel {
+                const GROUP_BLOCK: usize = GROUP_BLOCK;
+
+                unsafe fn superblocks<const T: usize>(
+                    group: &[u8],
+                    nb: usize,
+                    acts: &[Q8kAct<'_>],
+                ) -> [__m512; T] {
+                    // SAFETY: the trait method's contract is this function's.
+                    unsafe { superblocks::<T>(group, nb, acts) }
+                }
+            }
+        };
+    }
+    pub(super) use kquant_kernel;
+
+    /// A k-quant layout's group kernel, for `T` activation rows.
+    pub(super) trait KquantGroup {
+        /// Bytes of one superblock of a group.
+        const GROUP_BLOCK: usize;
+        /// The 16 row dots of `group` (`nb` superblocks a row) with each of the `T` rows of
+        /// `acts`.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `group` one whole group of the layout;
+        /// `acts` exactly `T` Q8_K rows of `nb` superblocks.
+        unsafe fn superblocks<const T: usize>(
+            group: &[u8],
+            nb: usize,
+            acts: &[Q8kAct<'_>],
+        ) -> [__m512; T];
+    }
+
+    /// The k-quant product of layout `K` over every group of `w`, with activation rows
+    /// `tokens` of `acts`.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the kernel's type with
-    /// `n` values a row; `acts` 1..=16 Q8_K rows of `n` values; `out` holds `(tokens − 1) ·
-    /// out_stride + rows` values (`out_stride ≥ rows` if tokens > 1).
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the kernel's type and
+    /// width; `tokens` 1..=16 rows of `acts`, whose terms it holds; `out` holds `(tokens − 1)
+    /// · out_stride + rows` values (`out_stride ≥ rows` if tokens > 1).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn run_kquant(
-        n: usize,
+    pub(super) unsafe fn run_kquant<K: KquantGroup>(
         w: &[u8],
-        acts: &[u8],
+        acts: &Activations<'_>,
+        tokens: Range<usize>,
         out: &mut [f32],
         out_stride: usize,
-        group_block: usize,
-        superblocks: KquantGroup,
     ) {
-        let nb = n / 256;
-        let acts = Q8kAct::rows(acts, nb);
-        for_groups(
-            w,
-            nb * group_block,
-            acts.len(),
-            out,
-            out_stride,
-            |group, f| {
-                // SAFETY: `group` is one whole group (`for_groups`); the kernel reads inside it
-                // and inside the activation blocks; CPU features are the caller's.
-                unsafe { superblocks(group, nb, &acts, f) }
-            },
-        );
+        let nb = acts.blocks;
+        assert!(acts.bsums.len() >= tokens.end * nb);
+        let rows: Vec<Q8kAct<'_>> = tokens.clone().map(|t| Q8kAct::row(acts, t)).collect();
+        let group_bytes = nb * K::GROUP_BLOCK;
+        macro_rules! dispatch {
+            ($($t:literal)*) => {
+                match rows.len() {
+                    $(
+                        $t => for_groups(w, group_bytes, $t, out, out_stride, |group, f| {
+                            // SAFETY: `group` is one whole group (`for_groups`); the kernel
+                            // reads inside it and inside the `$t` activation rows; CPU
+                            // features are the caller's.
+                            f.copy_from_slice(&unsafe { K::superblocks::<$t>(group, nb, &rows) })
+                        }),
+                    )*
+                    _ => unreachable!("1..=16 activation rows"),
+                }
+            };
+        }
+        dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
     }
 
     /// Runs `group_dots(group, f)` for every whole group of `group_bytes` in `w` (`f[t]`: the
@@ -851,27 +1009,30 @@ mod x86 {
         }
     }
 
-    /// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0; `f[t]` the 16 row dots with activation
-    /// row `t`.
+    /// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0; returns the 16 row dots with each of the
+    /// `T` activation rows (`ys[t]`: its blocks, `dys[t]`: their scales, `sums[t]`: their
+    /// offset terms).
     ///
     /// # Safety
-    /// As [`run`]; `group` is one whole group of `nb` blocks of `bb` bytes per row.
+    /// As [`run`]; `group` is one whole group of `nb` blocks of `bb` bytes per row; each
+    /// pointer addresses `nb` blocks (or values) of its activation row.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn blocks<const TY: u8>(
+    unsafe fn blocks<const TY: u8, const T: usize>(
         group: &[u8],
         nb: usize,
         bb: usize,
-        off: i32,
-        acts: &[Act<'_>],
-        f: &mut [__m512],
-    ) {
-        f.fill(_mm512_setzero_ps());
+        ys: &[*const u8; T],
+        dys: &[*const f32; T],
+        sums: &[*const i32; T],
+    ) -> [__m512; T] {
+        let mut f = [_mm512_setzero_ps(); T];
         let low = _mm512_set1_epi8(0x0F);
         let p = group.as_ptr();
         for b in 0..nb {
             // SAFETY: block-group b spans bytes [16·bb·b, 16·bb·(b+1)) of `group`: scales at
-            // 0..32, masks (Q5_0) at 32..96, codes after them — all inside (caller).
+            // 0..32, masks (Q5_0) at 32..96, codes after them — all inside (caller); block b of
+            // every activation row is inside its row (caller).
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
                 prefetch(blk, GROUP_ROWS * bb, PREFETCH_AHEAD);
@@ -900,25 +1061,23 @@ mod x86 {
                         }
                     }
                 }
-                for (a, ft) in acts.iter().zip(f.iter_mut()) {
-                    let y = a.blocks.get_unchecked(b).as_ptr().add(2).cast::<i32>();
+                for t in 0..T {
+                    let y = ys[t].add(34 * b + 2).cast::<i32>();
                     // Two chains (integer sums are exact in any order), as one `vpdpbusd`
                     // chain of 8 waits on its latency.
-                    let mut acc = [
-                        _mm512_set1_epi32(-off * a.sum.get_unchecked(b)),
-                        _mm512_setzero_si512(),
-                    ];
+                    let mut acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
                     for (k, c) in codes.iter().enumerate() {
                         let yk = _mm512_set1_epi32(y.add(k).read_unaligned());
                         acc[k % 2] = _mm512_dpbusd_epi32(acc[k % 2], *c, yk);
                     }
                     let acc = _mm512_add_epi32(acc[0], acc[1]);
-                    let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
+                    let dy = _mm512_set1_ps(*dys[t].add(b));
                     let prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
-                    *ft = _mm512_add_ps(*ft, prod);
+                    f[t] = _mm512_add_ps(f[t], prod);
                 }
             }
         }
+        f
     }
 }
 
