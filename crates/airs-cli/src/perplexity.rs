@@ -132,6 +132,18 @@ fn report_json(
             "max": k.max,
         });
         v["top1_agreement"] = json!(k.top1_agreement);
+        v["top1_max_disagreement_margin"] = json!(k.max_disagreement_margin());
+        v["top1_disagreements"] = json!(
+            k.disagreements
+                .iter()
+                .map(|d| json!({
+                    "position": d.position,
+                    "reference_top": d.reference_top,
+                    "airs_top": d.airs_top,
+                    "reference_margin": d.reference_margin,
+                }))
+                .collect::<Vec<_>>()
+        );
         v["mean_abs_dp"] = json!(k.mean_abs_dp);
         v["reference"] = json!({
             "file": args.kld_ref.as_ref().map(|p| p.display().to_string()),
@@ -186,5 +198,17 @@ fn print_report(
             k.top1_agreement * 100.0,
             k.mean_abs_dp
         );
+        if !k.disagreements.is_empty() {
+            let mut margins: Vec<f64> =
+                k.disagreements.iter().map(|d| d.reference_margin).collect();
+            margins.sort_by(f64::total_cmp);
+            println!(
+                "top-1 differs at {} positions, where the reference preferred its token by a median \
+                 {:.3} and at most {:.3} nats",
+                margins.len(),
+                margins[margins.len() / 2],
+                k.max_disagreement_margin()
+            );
+        }
     }
 }

@@ -235,6 +235,49 @@ fn run_charges_weights_kv_and_scratch_to_the_model_pool_and_refuses_what_does_no
     assert!(stderr.contains("has no model pool"), "{stderr}");
 }
 
+/// `airs perplexity --kld-ref --json` on Qwen against llama.cpp's distributions (one chunk of
+/// the design text): the KL statistics, and every position where the top tokens differ with how
+/// sure the reference was — consistent with the agreement figure, and near-ties only.
+#[test]
+fn perplexity_lists_where_the_top_token_differs_from_the_reference() {
+    let text = airs_testdata::repo_path("testdata/text/model-memory.md");
+    let reference = airs_testdata::repo_path(
+        "testdata/reference/qwen2.5-coder-0.5b-q4km.kld-design.kvf16.json",
+    );
+    let v = json_of(&[
+        "perplexity",
+        "--model",
+        path_str(&qwen_path()),
+        path_str(&text),
+        "--kld-ref",
+        path_str(&reference),
+        "--chunks",
+        "1",
+        "--json",
+    ]);
+    let positions = v["positions"].as_u64().unwrap();
+    assert_eq!(positions, 255, "{v}");
+    assert!(v["kld"]["mean"].as_f64().unwrap() < 0.002, "{v}");
+    let list = v["top1_disagreements"].as_array().unwrap();
+    let agreement = v["top1_agreement"].as_f64().unwrap();
+    assert_eq!(
+        list.len() as f64,
+        ((1.0 - agreement) * positions as f64).round(),
+        "{v}"
+    );
+    let mut max_margin = 0.0f64;
+    for d in list {
+        let at = d["position"].as_u64().unwrap();
+        assert!((256..511).contains(&at), "{d}");
+        assert_ne!(d["reference_top"], d["airs_top"]);
+        let margin = d["reference_margin"].as_f64().unwrap();
+        assert!(margin >= 0.0, "{d}");
+        max_margin = max_margin.max(margin);
+    }
+    assert_eq!(v["top1_max_disagreement_margin"].as_f64(), Some(max_margin));
+    assert!(max_margin <= 0.3, "{v}");
+}
+
 /// `airs perplexity` on the embedded model: llama-perplexity's chunks and scored positions in
 /// JSON; a reference made for another model is refused in one line naming what differs.
 #[test]

@@ -244,6 +244,33 @@ pub struct KldStats {
     pub mean_abs_dp: f64,
     /// The reference's perplexity over the same positions.
     pub reference_perplexity: f64,
+    /// Every position where airs's most likely token is not the reference's, in text order.
+    pub disagreements: Vec<Disagreement>,
+}
+
+/// A scored position where airs's most likely next token is not the reference's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Disagreement {
+    /// Index in the text of the token whose successor is predicted.
+    pub position: usize,
+    pub reference_top: u32,
+    pub airs_top: u32,
+    /// How much likelier the reference found its top token than airs's, in nats
+    /// (`log p_ref(reference_top) − log p_ref(airs_top)`): a near-tie when small. A lower
+    /// bound when airs's token is outside the reference's top K (then measured against the
+    /// K-th).
+    pub reference_margin: f64,
+}
+
+impl KldStats {
+    /// The largest reference margin among the disagreements (0 when there are none): how
+    /// confident the reference was where airs chose differently.
+    pub fn max_disagreement_margin(&self) -> f64 {
+        self.disagreements
+            .iter()
+            .map(|d| d.reference_margin)
+            .fold(0.0, f64::max)
+    }
 }
 
 /// The outcome of a run.
@@ -278,6 +305,9 @@ struct Divergence {
     top1_agrees: bool,
     /// |p_airs − p_ref| of the reference's most likely token.
     top_abs_dp: f64,
+    /// Where the top tokens differ: the reference's, airs's and the reference's margin
+    /// ([`Disagreement`]).
+    disagreement: Option<(u32, u32, f64)>,
 }
 
 /// Evaluates `tokens` (from [`tokenize`]) under `config`, against `reference` when given, and
@@ -368,7 +398,7 @@ pub fn evaluate(
             for (row, i) in (call_start..call_end).enumerate() {
                 let logits = &out.values[row * vocab..(row + 1) * vocab];
                 let position = reference.map(|r| &r.chunks[c].positions[i - scored_range.start]);
-                scored.push(score(logits, chunk[i + 1], position));
+                scored.push((c * ctx + i, score(logits, chunk[i + 1], position)));
             }
         }
         compute += started.elapsed();
@@ -376,9 +406,21 @@ pub fn evaluate(
     }
 
     let positions = scored.len();
-    let nll: f64 = scored.iter().map(|s| s.nll).sum();
+    let nll: f64 = scored.iter().map(|(_, s)| s.nll).sum();
     let kld = reference.map(|r| {
-        let terms: Vec<Divergence> = scored.iter().filter_map(|s| s.kld).collect();
+        let terms: Vec<Divergence> = scored.iter().filter_map(|(_, s)| s.kld).collect();
+        let disagreements = scored
+            .iter()
+            .filter_map(|&(position, ref s)| {
+                let (reference_top, airs_top, reference_margin) = s.kld?.disagreement?;
+                Some(Disagreement {
+                    position,
+                    reference_top,
+                    airs_top,
+                    reference_margin,
+                })
+            })
+            .collect();
         let mut divergences: Vec<f64> = terms.iter().map(|d| d.kl).collect();
         let agree = terms.iter().filter(|d| d.top1_agrees).count();
         let dp: f64 = terms.iter().map(|d| d.top_abs_dp).sum();
@@ -393,6 +435,7 @@ pub fn evaluate(
             top1_agreement: agree as f64 / n,
             mean_abs_dp: dp / n,
             reference_perplexity: r.perplexity(chunks),
+            disagreements,
         }
     });
     Ok(PerplexityReport {
@@ -460,10 +503,20 @@ fn score(logits: &[f32], next: u32, reference: Option<&ReferencePosition>) -> Sc
         let q_tail = (1.0 - q_top).max(TAIL_FLOOR);
         kl += p_tail * (p_tail / q_tail).ln();
         let (ref_top, ref_top_lp) = r.top[0];
+        let airs_top = airs_engine::sampler::argmax(logits);
+        let disagreement = (airs_top != ref_top).then(|| {
+            let ref_lp = r.top.iter().find(|t| t.0 == airs_top).or(r.top.last());
+            (
+                ref_top,
+                airs_top,
+                ref_top_lp - ref_lp.map_or(ref_top_lp, |t| t.1),
+            )
+        });
         Divergence {
             kl,
-            top1_agrees: airs_engine::sampler::argmax(logits) == ref_top,
+            top1_agrees: disagreement.is_none(),
             top_abs_dp: (logq(ref_top).exp() - ref_top_lp.exp()).abs(),
+            disagreement,
         }
     });
     Scored { nll, kld }
@@ -518,6 +571,31 @@ mod tests {
             "ties go to the lowest id, as the reference's"
         );
         assert!((d.top_abs_dp - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_disagreement_records_how_sure_the_reference_was() {
+        // The reference prefers token 0 (−0.5) to token 1 (−0.7) to token 2 (−2.0); airs
+        // prefers token 1, then token 3, outside the reference's top 3.
+        let r = position(&[(0, -0.5), (1, -0.7), (2, -2.0)]);
+        let d = score(&[0.0f32, 1.0, -1.0, 0.5], 0, Some(&r)).kld.unwrap();
+        assert!(!d.top1_agrees);
+        let (reference_top, airs_top, margin) = d.disagreement.unwrap();
+        assert_eq!((reference_top, airs_top), (0, 1));
+        assert!((margin - 0.2).abs() < 1e-12, "{margin}");
+        // Outside the reference's top K: a lower bound, against the K-th.
+        let d = score(&[0.0f32, -1.0, -1.0, 3.0], 0, Some(&r)).kld.unwrap();
+        let (_, airs_top, margin) = d.disagreement.unwrap();
+        assert_eq!(airs_top, 3);
+        assert!((margin - 1.5).abs() < 1e-12, "{margin}");
+        // Agreement records nothing.
+        assert!(
+            score(&[1.0f32, 0.0, 0.0, 0.0], 0, Some(&r))
+                .kld
+                .unwrap()
+                .disagreement
+                .is_none()
+        );
     }
 
     #[test]

@@ -115,6 +115,7 @@ fn a_reference_of_the_same_distributions_diverges_by_nothing() {
     let k = r.kld.unwrap();
     assert!(k.max < 1e-9 && k.mean_abs_dp < 1e-9, "{k:?}");
     assert_eq!(k.top1_agreement, 1.0);
+    assert!(k.disagreements.is_empty() && k.max_disagreement_margin() == 0.0);
     assert!((k.reference_perplexity - r.perplexity).abs() < 1e-9 * r.perplexity);
     // An f32 cache rounds nothing: it diverges from the f16 distributions, by a little.
     let f32_kv = evaluate(
