@@ -304,14 +304,22 @@ fn matmul_packed(
             let w_rows = &data[r0 * w.row_bytes..r1 * w.row_bytes];
             let width = r1 - r0;
             let run = |o: &mut [f32], stride: usize| {
-                if packed {
-                    airs_kernels::rows16::matmul_with(isa, w_rows, &prepared, o, stride)
-                } else {
-                    airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
-                }
-                .expect("matmul geometry checked at model load");
+                airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
+                    .expect("matmul geometry checked at model load");
             };
-            if tokens == 1 {
+            if packed {
+                // Straight into each token's row of `out`: no staging tile.
+                let mut outs: Vec<&mut [f32]> = (0..tokens)
+                    .map(|t| {
+                        let start = t * rows + r0;
+                        // SAFETY: runs of different chunks are disjoint within every token
+                        // row, and the token rows are disjoint.
+                        unsafe { writer.slice(start..start + width) }
+                    })
+                    .collect();
+                airs_kernels::rows16::matmul_rows(isa, w_rows, &prepared, &mut outs)
+                    .expect("matmul geometry checked at model load");
+            } else if tokens == 1 {
                 // SAFETY: chunks partition 0..rows and runs partition each chunk.
                 run(unsafe { writer.slice(r0..r1) }, width);
             } else {

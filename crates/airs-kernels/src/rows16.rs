@@ -376,12 +376,10 @@ pub fn matmul_with(
     out: &mut [f32],
     out_stride: usize,
 ) -> Result<(), KernelError> {
-    let (ty, n) = (acts.ty, acts.n);
-    let (_, group_bytes) = check_groups(ty, n, w.len())?;
     let tokens = acts.tokens();
-    let rows = w.len() / group_bytes * GROUP_ROWS;
+    let rows = w.len() / (GROUP_ROWS * crate::check_row(acts.ty, acts.n)?).max(1) * GROUP_ROWS;
     if tokens == 0 || rows == 0 {
-        return Ok(());
+        return matmul_rows(isa, w, acts, &mut []);
     }
     let needed = (tokens - 1) * out_stride + rows;
     if out.len() < needed || (tokens > 1 && out_stride < rows) {
@@ -391,22 +389,53 @@ pub fn matmul_with(
             got: out.len(),
         });
     }
+    let mut outs: Vec<&mut [f32]> = if tokens == 1 {
+        vec![out]
+    } else {
+        out.chunks_mut(out_stride).take(tokens).collect()
+    };
+    matmul_rows(isa, w, acts, &mut outs)
+}
+
+/// [`matmul_with`] into one output slice per activation row (`outs[t][r]` = row r · activation
+/// row t; each slice at least as long as `w` has rows): rows of disjoint output ranges, as a
+/// row-chunked product over threads writes them, need no staging copy.
+pub fn matmul_rows(
+    isa: Isa,
+    w: &[u8],
+    acts: &Activations<'_>,
+    outs: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    let (ty, n) = (acts.ty, acts.n);
+    let (_, group_bytes) = check_groups(ty, n, w.len())?;
+    let tokens = acts.tokens();
+    let rows = w.len() / group_bytes * GROUP_ROWS;
+    if tokens == 0 || rows == 0 {
+        return Ok(());
+    }
+    if outs.len() != tokens || outs.iter().any(|o| o.len() < rows) {
+        return Err(KernelError::LengthMismatch {
+            what: "rows16 output rows",
+            expected: tokens * rows,
+            got: outs.iter().map(|o| o.len().min(rows)).sum(),
+        });
+    }
     #[cfg(target_arch = "x86_64")]
     if fast(isa, ty) {
         assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
         for t0 in (0..tokens).step_by(x86::MAX_TOKENS) {
             let t1 = (t0 + x86::MAX_TOKENS).min(tokens);
-            let out = &mut out[t0 * out_stride..];
+            let outs = &mut outs[t0..t1];
             // SAFETY: `fast` checked AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C); the geometry is
-            // checked above (whole groups, whole activation rows, `out` large enough) and the
-            // terms cover every row (asserted).
+            // checked above (whole groups, whole activation rows, an output row of at least
+            // `rows` values per activation row) and the terms cover every row (asserted).
             unsafe {
                 if ty == GgmlType::Q4K {
-                    x86::run_kquant::<q4k::x86::Kernel>(w, acts, t0..t1, out, out_stride);
+                    x86::run_kquant::<q4k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q6K {
-                    x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, out, out_stride);
+                    x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else {
-                    x86::run(w, acts, t0..t1, out, out_stride);
+                    x86::run(w, acts, t0..t1, outs);
                 }
             }
         }
@@ -420,9 +449,8 @@ pub fn matmul_with(
         unpack_group(ty, n, packed, &mut natural)?;
         debug_assert_eq!(natural.len(), GROUP_ROWS * row_bytes);
         crate::matmul(isa, ty, n, &natural, acts.rows, &mut tile, GROUP_ROWS)?;
-        for t in 0..tokens {
-            let o = &mut out[t * out_stride + g * GROUP_ROWS..][..GROUP_ROWS];
-            o.copy_from_slice(&tile[t * GROUP_ROWS..(t + 1) * GROUP_ROWS]);
+        for (o, t) in outs.iter_mut().zip(tile.chunks_exact(GROUP_ROWS)) {
+            o[g * GROUP_ROWS..(g + 1) * GROUP_ROWS].copy_from_slice(t);
         }
     }
     Ok(())
@@ -804,15 +832,13 @@ mod x86 {
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the activations' weight
     /// type (Q8_0, Q4_0 or Q5_0); `tokens` 1..=[`MAX_TOKENS`] of its rows, whose terms it
-    /// holds; `out` holds `(tokens − 1) · out_stride + rows` values and `out_stride ≥ rows` if
-    /// tokens > 1.
+    /// holds; `outs` one slice of at least `rows` values per row of `tokens`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn run(
         w: &[u8],
         acts: &Activations<'_>,
         tokens: Range<usize>,
-        out: &mut [f32],
-        out_stride: usize,
+        outs: &mut [&mut [f32]],
     ) {
         let (ty, nb) = (acts.ty, acts.blocks);
         assert!((1..=MAX_TOKENS).contains(&tokens.len()));
@@ -827,9 +853,9 @@ mod x86 {
             ($($t:literal)*) => {
                 match (ty, tokens.len()) {
                     $(
-                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
-                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
-                        (_, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, out, out_stride),
+                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (_, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
                     )*
                     _ => unreachable!("1..=16 activation rows"),
                 }
@@ -852,8 +878,7 @@ mod x86 {
         bb: usize,
         acts: &Activations<'_>,
         t0: usize,
-        out: &mut [f32],
-        out_stride: usize,
+        outs: &mut [&mut [f32]],
     ) {
         let nb = acts.blocks;
         let ys: [*const u8; T] =
@@ -861,7 +886,7 @@ mod x86 {
         let dys: [*const f32; T] = std::array::from_fn(|t| acts.dy[(t0 + t) * nb..].as_ptr());
         let sums: [*const i32; T] =
             std::array::from_fn(|t| acts.offset_sum[(t0 + t) * nb..].as_ptr());
-        for_groups(w, group_bytes, T, out, out_stride, |group, f| {
+        for_groups(w, group_bytes, outs, |group, f| {
             // SAFETY: `group` is one whole group of this geometry (`for_groups`); the
             // pointers address `nb` blocks of each of the `T` activation rows; CPU features
             // are the caller's.
@@ -938,15 +963,14 @@ mod x86 {
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the kernel's type and
-    /// width; `tokens` 1..=16 rows of `acts`, whose terms it holds; `out` holds `(tokens − 1)
-    /// · out_stride + rows` values (`out_stride ≥ rows` if tokens > 1).
+    /// width; `tokens` 1..=16 rows of `acts`, whose terms it holds; `outs` one slice of at
+    /// least `rows` values per row of `tokens`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn run_kquant<K: KquantGroup>(
         w: &[u8],
         acts: &Activations<'_>,
         tokens: Range<usize>,
-        out: &mut [f32],
-        out_stride: usize,
+        outs: &mut [&mut [f32]],
     ) {
         let nb = acts.blocks;
         assert!(acts.bsums.len() >= tokens.end * nb);
@@ -956,7 +980,7 @@ mod x86 {
             ($($t:literal)*) => {
                 match rows.len() {
                     $(
-                        $t => for_groups(w, group_bytes, $t, out, out_stride, |group, f| {
+                        $t => for_groups(w, group_bytes, outs, |group, f| {
                             // SAFETY: `group` is one whole group (`for_groups`); the kernel
                             // reads inside it and inside the `$t` activation rows; CPU
                             // features are the caller's.
@@ -971,28 +995,27 @@ mod x86 {
     }
 
     /// Runs `group_dots(group, f)` for every whole group of `group_bytes` in `w` (`f[t]`: the
-    /// 16 row dots with activation row `t`, for `tokens` rows) and stores them at
-    /// `out[t · out_stride + 16g ..]`.
+    /// 16 row dots with activation row `t`, for one row per slice of `outs`) and stores them at
+    /// `outs[t][16g ..]`.
     #[target_feature(enable = "avx512f")]
     pub(super) fn for_groups(
         w: &[u8],
         group_bytes: usize,
-        tokens: usize,
-        out: &mut [f32],
-        out_stride: usize,
+        outs: &mut [&mut [f32]],
         mut group_dots: impl FnMut(&[u8], &mut [__m512]),
     ) {
         let groups = w.len() / group_bytes;
+        let tokens = outs.len();
         assert!(
             (1..=MAX_TOKENS).contains(&tokens)
                 && w.len() == groups * group_bytes
-                && out.len() >= (tokens - 1) * out_stride + groups * GROUP_ROWS
+                && outs.iter().all(|o| o.len() >= groups * GROUP_ROWS)
         );
         let mut f = [_mm512_setzero_ps(); MAX_TOKENS];
         for (g, group) in w.chunks_exact(group_bytes).enumerate() {
             group_dots(group, &mut f[..tokens]);
-            for (t, ft) in f[..tokens].iter().enumerate() {
-                let o = &mut out[t * out_stride + g * GROUP_ROWS..][..GROUP_ROWS];
+            for (o, ft) in outs.iter_mut().zip(&f[..tokens]) {
+                let o = &mut o[g * GROUP_ROWS..][..GROUP_ROWS];
                 // SAFETY: `o` is 16 writable f32.
                 unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *ft) };
             }
@@ -1193,6 +1216,18 @@ mod tests {
                             );
                         }
                     }
+                    // One output slice per token, prepared activations: the same bits.
+                    let prepared = Activations::new(isa, ty, n, &acts).unwrap();
+                    let mut rows_out = vec![vec![f32::NAN; rows]; tokens];
+                    let mut outs: Vec<&mut [f32]> =
+                        rows_out.iter_mut().map(|r| r.as_mut_slice()).collect();
+                    matmul_rows(isa, &p, &prepared, &mut outs).unwrap();
+                    for (t, row) in rows_out.iter().enumerate() {
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(row), bits(&out[t * stride..t * stride + rows]));
+                    }
+                    outs = Vec::new();
+                    assert!(matmul_rows(isa, &p, &prepared, &mut outs).is_err());
                 }
             }
         }
