@@ -71,12 +71,20 @@ pub struct BenchBatchArgs {
 /// What one request's sink saw.
 #[derive(Clone, Debug, Default)]
 struct Timeline {
-    first: Option<Instant>,
-    last: Option<Instant>,
     /// When each token arrived.
     times: Vec<Instant>,
     tokens: Vec<u32>,
     error: Option<String>,
+}
+
+impl Timeline {
+    fn first(&self) -> Option<Instant> {
+        self.times.first().copied()
+    }
+
+    fn last(&self) -> Option<Instant> {
+        self.times.last().copied()
+    }
 }
 
 /// One concurrency's measurement.
@@ -148,8 +156,6 @@ fn measure(
                 match event {
                     Event::Token(tok) => {
                         let now = Instant::now();
-                        t.first.get_or_insert(now);
-                        t.last = Some(now);
                         t.times.push(now);
                         t.tokens.push(tok.id);
                     }
@@ -173,19 +179,19 @@ fn measure(
         .iter()
         .map(|l| {
             let span = l
-                .last
-                .zip(l.first)
+                .last()
+                .zip(l.first())
                 .map_or(0.0, |(b, a)| (b - a).as_secs_f64());
             decode(l) as f64 / span.max(1e-9)
         })
         .collect();
-    let first = lines.iter().filter_map(|l| l.first).min().unwrap_or(t0);
-    let last = lines.iter().filter_map(|l| l.last).max().unwrap_or(t0);
+    let first = lines.iter().filter_map(|l| l.first()).min().unwrap_or(t0);
+    let last = lines.iter().filter_map(|l| l.last()).max().unwrap_or(t0);
     let total: usize = lines.iter().map(decode).sum();
     // The window in which every request decodes: after the last first token, up to the first
     // last token.
-    let window_start = lines.iter().filter_map(|l| l.first).max().unwrap_or(t0);
-    let window_end = lines.iter().filter_map(|l| l.last).min().unwrap_or(t0);
+    let window_start = lines.iter().filter_map(|l| l.first()).max().unwrap_or(t0);
+    let window_end = lines.iter().filter_map(|l| l.last()).min().unwrap_or(t0);
     let concurrent = (window_end > window_start).then(|| {
         let in_window: usize = lines
             .iter()
@@ -205,7 +211,7 @@ fn measure(
         per_session,
         ttft: lines
             .iter()
-            .map(|l| l.first.map_or(Duration::ZERO, |f| f - t0))
+            .map(|l| l.first().map_or(Duration::ZERO, |f| f - t0))
             .collect(),
         steps: stats.steps,
         peak_batch: stats.peak_batch,

@@ -99,12 +99,16 @@ fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<(usize, usize), 
             got: bytes,
         });
     }
-    let block = if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+    Ok((n / block_values(ty), group_bytes))
+}
+
+/// Values per block of a rows16 type: 256 for the k-quants' superblocks, else 32.
+fn block_values(ty: GgmlType) -> usize {
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
         256
     } else {
         32
-    };
-    Ok((n / block, group_bytes))
+    }
 }
 
 /// Repack one group: `natural` is 16 GGUF rows of `ty` with `n` values each, `packed` the
@@ -295,7 +299,7 @@ impl<'a> Activations<'a> {
         let tokens = acts.len() / row_bytes.max(1);
         crate::check_len("rows16 activations", tokens * row_bytes, acts.len())?;
         let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
-        let blocks = if kquant { n / 256 } else { n / 32 };
+        let blocks = n / block_values(ty);
         let mut a = Activations {
             ty,
             n,
@@ -376,10 +380,11 @@ pub fn matmul_with(
     out: &mut [f32],
     out_stride: usize,
 ) -> Result<(), KernelError> {
+    let (_, group_bytes) = check_groups(acts.ty, acts.n, w.len())?;
     let tokens = acts.tokens();
-    let rows = w.len() / (GROUP_ROWS * crate::check_row(acts.ty, acts.n)?).max(1) * GROUP_ROWS;
+    let rows = w.len() / group_bytes * GROUP_ROWS;
     if tokens == 0 || rows == 0 {
-        return matmul_rows(isa, w, acts, &mut []);
+        return Ok(());
     }
     let needed = (tokens - 1) * out_stride + rows;
     if out.len() < needed || (tokens > 1 && out_stride < rows) {
@@ -843,11 +848,7 @@ mod x86 {
         let (ty, nb) = (acts.ty, acts.blocks);
         assert!((1..=MAX_TOKENS).contains(&tokens.len()));
         assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
-        let bb = match ty {
-            GgmlType::Q8_0 => 34,
-            GgmlType::Q4_0 => 18,
-            _ => 22,
-        };
+        let (bb, _) = super::geometry(ty).expect("a legacy rows16 type");
         let group_bytes = GROUP_ROWS * nb * bb;
         macro_rules! dispatch {
             ($($t:literal)*) => {

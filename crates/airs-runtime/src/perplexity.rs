@@ -249,7 +249,7 @@ pub struct KldStats {
 }
 
 /// A scored position where airs's most likely next token is not the reference's.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Disagreement {
     /// Index in the text of the token whose successor is predicted.
     pub position: usize,
@@ -301,13 +301,17 @@ struct Scored {
 struct Divergence {
     /// KL(P_ref ‖ P_airs) over the reference's top tokens and the tail.
     kl: f64,
-    /// airs's most likely token is the reference's.
-    top1_agrees: bool,
     /// |p_airs − p_ref| of the reference's most likely token.
     top_abs_dp: f64,
-    /// Where the top tokens differ: the reference's, airs's and the reference's margin
-    /// ([`Disagreement`]).
-    disagreement: Option<(u32, u32, f64)>,
+    /// Where airs's most likely token is not the reference's.
+    disagreement: Option<Disagreement>,
+}
+
+impl Divergence {
+    /// airs's most likely token is the reference's.
+    fn top1_agrees(&self) -> bool {
+        self.disagreement.is_none()
+    }
 }
 
 /// Evaluates `tokens` (from [`tokenize`]) under `config`, against `reference` when given, and
@@ -398,7 +402,7 @@ pub fn evaluate(
             for (row, i) in (call_start..call_end).enumerate() {
                 let logits = &out.values[row * vocab..(row + 1) * vocab];
                 let position = reference.map(|r| &r.chunks[c].positions[i - scored_range.start]);
-                scored.push((c * ctx + i, score(logits, chunk[i + 1], position)));
+                scored.push(score(logits, chunk[i + 1], position, c * ctx + i));
             }
         }
         compute += started.elapsed();
@@ -406,23 +410,12 @@ pub fn evaluate(
     }
 
     let positions = scored.len();
-    let nll: f64 = scored.iter().map(|(_, s)| s.nll).sum();
+    let nll: f64 = scored.iter().map(|s| s.nll).sum();
     let kld = reference.map(|r| {
-        let terms: Vec<Divergence> = scored.iter().filter_map(|(_, s)| s.kld).collect();
-        let disagreements = scored
-            .iter()
-            .filter_map(|&(position, ref s)| {
-                let (reference_top, airs_top, reference_margin) = s.kld?.disagreement?;
-                Some(Disagreement {
-                    position,
-                    reference_top,
-                    airs_top,
-                    reference_margin,
-                })
-            })
-            .collect();
+        let terms: Vec<Divergence> = scored.iter().filter_map(|s| s.kld).collect();
+        let disagreements = terms.iter().filter_map(|d| d.disagreement).collect();
         let mut divergences: Vec<f64> = terms.iter().map(|d| d.kl).collect();
-        let agree = terms.iter().filter(|d| d.top1_agrees).count();
+        let agree = terms.iter().filter(|d| d.top1_agrees()).count();
         let dp: f64 = terms.iter().map(|d| d.top_abs_dp).sum();
         let n = divergences.len().max(1) as f64;
         let mean = divergences.iter().sum::<f64>() / n;
@@ -487,7 +480,8 @@ fn check_reference(
 }
 
 /// One scored position: −log q(next) and, against `reference`, its divergence terms.
-fn score(logits: &[f32], next: u32, reference: Option<&ReferencePosition>) -> Scored {
+/// What the logits predicting the token after text position `at` (`next`) contribute.
+fn score(logits: &[f32], next: u32, reference: Option<&ReferencePosition>, at: usize) -> Scored {
     let log_z = airs_engine::sampler::log_partition(logits);
     let logq = |id: u32| f64::from(logits[id as usize]) - log_z;
     let nll = -logq(next);
@@ -506,15 +500,15 @@ fn score(logits: &[f32], next: u32, reference: Option<&ReferencePosition>) -> Sc
         let airs_top = airs_engine::sampler::argmax(logits);
         let disagreement = (airs_top != ref_top).then(|| {
             let ref_lp = r.top.iter().find(|t| t.0 == airs_top).or(r.top.last());
-            (
-                ref_top,
+            Disagreement {
+                position: at,
+                reference_top: ref_top,
                 airs_top,
-                ref_top_lp - ref_lp.map_or(ref_top_lp, |t| t.1),
-            )
+                reference_margin: ref_top_lp - ref_lp.map_or(ref_top_lp, |t| t.1),
+            }
         });
         Divergence {
             kl,
-            top1_agrees: disagreement.is_none(),
             top_abs_dp: (logq(ref_top).exp() - ref_top_lp.exp()).abs(),
             disagreement,
         }
@@ -550,10 +544,10 @@ mod tests {
         let log_z = airs_engine::sampler::log_partition(&logits);
         let lp = |i: usize| f64::from(logits[i]) - log_z;
         let r = position(&[(0, lp(0)), (1, lp(1))]);
-        let s = score(&logits, 0, Some(&r));
+        let s = score(&logits, 0, Some(&r), 0);
         let d = s.kld.unwrap();
         assert!(d.kl.abs() < 1e-9, "{d:?}");
-        assert!(d.top1_agrees && d.top_abs_dp < 1e-9);
+        assert!(d.top1_agrees() && d.top_abs_dp < 1e-9);
         assert!((s.nll + lp(0)).abs() < 1e-12);
     }
 
@@ -562,12 +556,12 @@ mod tests {
         // Reference: p = (0.5, 0.3) on tokens 0, 1, tail 0.2. Ours: uniform over 4 tokens.
         let logits = [0.0f32; 4];
         let r = position(&[(0, 0.5f64.ln()), (1, 0.3f64.ln())]);
-        let d = score(&logits, 0, Some(&r)).kld.unwrap();
+        let d = score(&logits, 0, Some(&r), 0).kld.unwrap();
         let expected =
             0.5 * (0.5f64 / 0.25).ln() + 0.3 * (0.3f64 / 0.25).ln() + 0.2 * (0.2f64 / 0.5).ln();
         assert!((d.kl - expected).abs() < 1e-9, "{d:?} vs {expected}");
         assert!(
-            d.top1_agrees,
+            d.top1_agrees(),
             "ties go to the lowest id, as the reference's"
         );
         assert!((d.top_abs_dp - 0.25).abs() < 1e-9);
@@ -578,19 +572,25 @@ mod tests {
         // The reference prefers token 0 (−0.5) to token 1 (−0.7) to token 2 (−2.0); airs
         // prefers token 1, then token 3, outside the reference's top 3.
         let r = position(&[(0, -0.5), (1, -0.7), (2, -2.0)]);
-        let d = score(&[0.0f32, 1.0, -1.0, 0.5], 0, Some(&r)).kld.unwrap();
-        assert!(!d.top1_agrees);
-        let (reference_top, airs_top, margin) = d.disagreement.unwrap();
-        assert_eq!((reference_top, airs_top), (0, 1));
+        let d = score(&[0.0f32, 1.0, -1.0, 0.5], 0, Some(&r), 0)
+            .kld
+            .unwrap();
+        assert!(!d.top1_agrees());
+        let x = d.disagreement.unwrap();
+        assert_eq!((x.reference_top, x.airs_top), (0, 1));
+        let margin = x.reference_margin;
         assert!((margin - 0.2).abs() < 1e-12, "{margin}");
         // Outside the reference's top K: a lower bound, against the K-th.
-        let d = score(&[0.0f32, -1.0, -1.0, 3.0], 0, Some(&r)).kld.unwrap();
-        let (_, airs_top, margin) = d.disagreement.unwrap();
+        let d = score(&[0.0f32, -1.0, -1.0, 3.0], 0, Some(&r), 0)
+            .kld
+            .unwrap();
+        let x = d.disagreement.unwrap();
+        let (airs_top, margin) = (x.airs_top, x.reference_margin);
         assert_eq!(airs_top, 3);
         assert!((margin - 1.5).abs() < 1e-12, "{margin}");
         // Agreement records nothing.
         assert!(
-            score(&[1.0f32, 0.0, 0.0, 0.0], 0, Some(&r))
+            score(&[1.0f32, 0.0, 0.0, 0.0], 0, Some(&r), 0)
                 .kld
                 .unwrap()
                 .disagreement
