@@ -988,9 +988,12 @@ impl KvCache for ContiguousKv {
         let (ks, vs) = &self.layers[layer];
         let stride = self.shape.kv_heads * self.row_bytes;
         let at = positions.start * stride + kv_head * self.row_bytes;
+        assert!(!positions.is_empty(), "attention over no positions");
+        // The run's bytes end with its last row (the prefetch covers exactly them).
+        let end = at + (positions.len() - 1) * stride + self.row_bytes;
         let run = |_| RowRun {
-            k: &ks[at..],
-            v: &vs[at..],
+            k: &ks[at..end],
+            v: &vs[at..end],
             rows: positions.len(),
             stride,
         };
