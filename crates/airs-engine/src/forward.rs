@@ -110,8 +110,20 @@ impl Runtime {
     }
 }
 
+/// Prompt rows of one sequence attended together (their queries share every K/V row read).
+const QUERY_BLOCK: usize = 16;
+
+/// A thread's attention buffers: scores, and a block's queries and outputs made contiguous.
+#[derive(Default)]
+struct AttentionScratch {
+    scores: Vec<f32>,
+    queries: Vec<f32>,
+    outs: Vec<f32>,
+}
+
 thread_local! {
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ATTENTION_SCRATCH: std::cell::RefCell<AttentionScratch> =
+        std::cell::RefCell::new(AttentionScratch::default());
 }
 
 /// The activation buffers of one pass of up to `rows` tokens.
@@ -477,46 +489,81 @@ impl Model {
             seqs[seg.seq].kv.store(l, seg.pos0, ks, vs);
         }
 
-        // Attention, split over (row, KV head, slice of the query heads sharing that KV head):
-        // a slice attends all its heads at once, reading each K/V row once, through the cache
-        // of the row's sequence. Groups are sliced only as far as needed to give every thread
-        // work (decode has `kv_heads` items per token).
+        // Attention, split over (block of rows, KV head, slice of the query heads sharing that
+        // KV head): a slice attends all its heads at once, reading each K/V row once, through
+        // the cache of the rows' sequence. A block is one row, or up to `QUERY_BLOCK`
+        // consecutive rows of one sequence's prompt chunk under full attention, whose queries
+        // then share every row read (`KvCache::attend_causal`). Groups are sliced only as far
+        // as needed to give every thread work (decode has `kv_heads` items per token).
         {
             let caches: Vec<&dyn KvCache> = seqs.iter().map(|s| &*s.kv).collect();
-            // Row → (cache, position).
-            let mut row_at: Vec<(usize, usize)> = Vec::with_capacity(n_tokens);
+            // Block → (sequence, first row, rows, position of its last row).
+            let mut blocks: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(n_tokens);
             for seg in &pass.segments {
-                row_at.extend((0..seg.rope.tokens).map(|t| (seg.seq, seg.pos0 + t)));
+                let (tokens, end) = (seg.rope.tokens, seg.pos0 + seg.rope.tokens);
+                // Under a sliding window the rows' positions must all start at 0.
+                let size = if window.is_none_or(|w| end <= w) {
+                    QUERY_BLOCK
+                } else {
+                    1
+                };
+                for b0 in (0..tokens).step_by(size) {
+                    let rows = size.min(tokens - b0);
+                    let row0 = seg.row0 + b0;
+                    blocks.push((seg.seq, row0, rows, seg.pos0 + b0 + rows - 1));
+                }
             }
             let writer = DisjointOut::new(attn);
             let q = &*q;
-            let pairs = n_tokens * cfg.kv_heads;
+            let pairs = blocks.len() * cfg.kv_heads;
             let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
             let slices = group.div_ceil(per_slice);
             pool.for_chunks(pairs * slices, 1, &|range| {
-                SCORES.with(|scores| {
-                    let mut scores = scores.borrow_mut();
+                ATTENTION_SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    let AttentionScratch {
+                        scores,
+                        queries: qbuf,
+                        outs: obuf,
+                    } = &mut *scratch;
                     for item in range {
-                        let (t, rest) = (
+                        let (b, rest) = (
                             item / (cfg.kv_heads * slices),
                             item % (cfg.kv_heads * slices),
                         );
                         let (g, s) = (rest / slices, rest % slices);
                         let h0 = g * group + s * per_slice;
                         let h1 = (h0 + per_slice).min((g + 1) * group);
-                        let (seq, pos) = row_at[t];
-                        let n_ctx = pos + 1;
-                        let first = window.map_or(0, |w| n_ctx.saturating_sub(w));
-                        let positions = first..n_ctx;
-                        if scores.len() < (h1 - h0) * positions.len() {
-                            scores.resize((h1 - h0) * positions.len(), 0.0);
+                        let (seq, row0, rows, last) = blocks[b];
+                        let n_ctx = last + 1;
+                        let width = (h1 - h0) * head_dim;
+                        let at = |t: usize| t * q_len + h0 * head_dim;
+                        if rows == 1 {
+                            let first = window.map_or(0, |w| n_ctx.saturating_sub(w));
+                            let positions = first..n_ctx;
+                            if scores.len() < (h1 - h0) * positions.len() {
+                                scores.resize((h1 - h0) * positions.len(), 0.0);
+                            }
+                            // SAFETY: each (block, KV head, slice) item is visited once and
+                            // owns the disjoint output range of its rows' query heads.
+                            let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
+                            let qh = &q[at(row0)..at(row0) + width];
+                            caches[seq].attend(l, g, qh, positions, scale, out, scores);
+                            continue;
                         }
-                        let at = t * q_len + h0 * head_dim;
-                        let end = t * q_len + h1 * head_dim;
-                        // SAFETY: each (row, KV head, slice) item is visited once and owns
-                        // the disjoint output range of its query heads, [at, end).
-                        let out = unsafe { writer.slice(at..end) };
-                        caches[seq].attend(l, g, &q[at..end], positions, scale, out, &mut scores);
+                        qbuf.clear();
+                        for t in row0..row0 + rows {
+                            qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
+                        }
+                        obuf.resize(rows * width, 0.0);
+                        if scores.len() < rows * (h1 - h0) * n_ctx {
+                            scores.resize(rows * (h1 - h0) * n_ctx, 0.0);
+                        }
+                        caches[seq].attend_causal(l, g, qbuf, rows, n_ctx, scale, obuf, scores);
+                        for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
+                            // SAFETY: as above; the block's rows are its own.
+                            unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);
+                        }
                     }
                 });
             });

@@ -168,6 +168,36 @@ pub trait KvCache: Send + Sync {
         scores: &mut [f32],
     );
 
+    /// Causal attention of `queries` consecutive positions of this sequence, the last at
+    /// position `n_ctx − 1`, against positions `0..` (full attention: no sliding window):
+    /// `q` and `out` hold `queries × heads × head_dim` values (query after query, each its
+    /// heads), query `i` attends positions `0..n_ctx − (queries − 1 − i)`, and every head's
+    /// result is the one [`KvCache::attend`] gives it alone. `scores` needs
+    /// `queries × heads × n_ctx` floats. The default asks [`KvCache::attend`] query by query;
+    /// the caches here read and decode each row once for all the queries.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_causal(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        q: &[f32],
+        queries: usize,
+        n_ctx: usize,
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let per_query = q.len() / queries;
+        for (i, (qi, oi)) in q
+            .chunks_exact(per_query)
+            .zip(out.chunks_exact_mut(per_query))
+            .enumerate()
+        {
+            let end = n_ctx + 1 + i - queries;
+            self.attend(layer, kv_head, qi, 0..end, scale, oi, scores);
+        }
+    }
+
     /// Bytes of memory the cache holds.
     fn allocated_bytes(&self) -> usize;
 }
@@ -539,6 +569,12 @@ const CHUNK_ROWS: usize = 16;
 /// covering positions `0..n_ctx` in order: for each of the `q.len() / head_dim` query heads,
 /// `out_h = softmax(scale · K q_h) · V`. `scores` needs `heads × n_ctx` floats.
 ///
+/// The heads may belong to `queries` consecutive positions of one sequence (causal prefill:
+/// `q` holds query 0's heads, then query 1's, …): query `i` of `queries` attends positions
+/// `0..n_ctx − (queries − 1 − i)`, so the last attends all `n_ctx`. Every head's result is the
+/// one it gets alone (the same dot products, its own softmax over its own positions, its own
+/// rows accumulated in order), while the rows are read and decoded once for all the queries.
+///
 /// On x86-64 CPUs with AVX2 the same code is compiled for 256-bit vectors, and with AVX-512 F
 /// with two 512-bit kernels besides. Rust never fuses or reorders float operations and the
 /// kernels keep the portable order, so every build computes bit-identical results; only the
@@ -550,6 +586,7 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     runs: usize,
     run: F,
     q: &[f32],
+    queries: usize,
     n_ctx: usize,
     scale: f32,
     out: &mut [f32],
@@ -562,17 +599,27 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     {
         // SAFETY: the CPU supports AVX-512 F, AVX2 and F16C (checked just above), the only
         // requirement of a `target_feature(enable = "avx512f,avx2,f16c")` function.
-        unsafe { attend_runs_avx512(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
+        unsafe {
+            attend_runs_avx512(
+                ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
+            )
+        };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
         // SAFETY: the CPU supports AVX2 and F16C (checked just above), the only requirement of
         // a `target_feature(enable = "avx2,f16c")` function.
-        unsafe { attend_runs_avx2(ty, head_dim, runs, run, q, n_ctx, scale, out, scores) };
+        unsafe {
+            attend_runs_avx2(
+                ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
+            )
+        };
         return;
     }
-    attend_runs_any::<false, false, _>(ty, head_dim, runs, run, q, n_ctx, scale, out, scores);
+    attend_runs_any::<false, false, _>(
+        ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
+    );
 }
 
 /// An x86-64 build of [`attend_runs_any`] for the CPU features `$features`.
@@ -588,13 +635,14 @@ macro_rules! attend_build {
             runs: usize,
             run: F,
             q: &[f32],
+            queries: usize,
             n_ctx: usize,
             scale: f32,
             out: &mut [f32],
             scores: &mut [f32],
         ) {
             attend_runs_any::<$x86, $avx512, _>(
-                ty, head_dim, runs, run, q, n_ctx, scale, out, scores,
+                ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
             );
         }
     };
@@ -747,6 +795,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     runs: usize,
     run: F,
     q: &[f32],
+    queries: usize,
     n_ctx: usize,
     scale: f32,
     out: &mut [f32],
@@ -754,6 +803,13 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
 ) {
     assert!(head_dim <= MAX_HEAD_DIM && head_dim > 0);
     let heads = q.len() / head_dim;
+    assert!(
+        queries >= 1 && heads.is_multiple_of(queries) && queries <= n_ctx,
+        "every query has its heads and at least one position"
+    );
+    // Positions head `h` attends: its query's causal prefix.
+    let per_query = heads / queries;
+    let row_len = |h: usize| n_ctx + 1 + h / per_query - queries;
     let row_bytes = ty.row_bytes(head_dim).expect("row geometry checked");
     let scores = &mut scores[..heads * n_ctx];
     // The query in the encoding the K rows are multiplied in.
@@ -843,7 +899,8 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     assert_eq!(j0, n_ctx, "runs must cover n_ctx positions");
 
     // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`.
-    for s in scores.chunks_exact_mut(n_ctx) {
+    for (h, s) in scores.chunks_exact_mut(n_ctx).enumerate() {
+        let s = &mut s[..row_len(h)];
         let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         for x in s.iter_mut() {
             *x = crate::math::exp(*x - max);
@@ -878,6 +935,11 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
                 decode_row_with::<X86_SIMD>(ty, &v[at..at + row_bytes], o);
             }
             for h in 0..heads {
+                // Rows past the head's own positions are not its to accumulate.
+                let n = n.min(row_len(h).saturating_sub(j0));
+                if n == 0 {
+                    continue;
+                }
                 let oh = &mut out[h * head_dim..(h + 1) * head_dim];
                 let w = &scores[h * n_ctx + j0..h * n_ctx + j0 + n];
                 #[cfg(target_arch = "x86_64")]
@@ -943,6 +1005,45 @@ impl ContiguousKv {
     pub fn kv_type(&self) -> KvType {
         self.ty
     }
+
+    /// [`attend_runs`] over `positions` (one run) for `queries` queries.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_queries(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        q: &[f32],
+        queries: usize,
+        positions: std::ops::Range<usize>,
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let (ks, vs) = &self.layers[layer];
+        let stride = self.shape.kv_heads * self.row_bytes;
+        let at = positions.start * stride + kv_head * self.row_bytes;
+        assert!(!positions.is_empty(), "attention over no positions");
+        // The run's bytes end with its last row (the prefetch covers exactly them).
+        let end = at + (positions.len() - 1) * stride + self.row_bytes;
+        let run = |_| RowRun {
+            k: &ks[at..end],
+            v: &vs[at..end],
+            rows: positions.len(),
+            stride,
+        };
+        attend_runs(
+            self.ty,
+            self.shape.head_dim,
+            1,
+            run,
+            q,
+            queries,
+            positions.len(),
+            scale,
+            out,
+            scores,
+        );
+    }
 }
 
 impl KvCache for ContiguousKv {
@@ -985,29 +1086,21 @@ impl KvCache for ContiguousKv {
         out: &mut [f32],
         scores: &mut [f32],
     ) {
-        let (ks, vs) = &self.layers[layer];
-        let stride = self.shape.kv_heads * self.row_bytes;
-        let at = positions.start * stride + kv_head * self.row_bytes;
-        assert!(!positions.is_empty(), "attention over no positions");
-        // The run's bytes end with its last row (the prefetch covers exactly them).
-        let end = at + (positions.len() - 1) * stride + self.row_bytes;
-        let run = |_| RowRun {
-            k: &ks[at..end],
-            v: &vs[at..end],
-            rows: positions.len(),
-            stride,
-        };
-        attend_runs(
-            self.ty,
-            self.shape.head_dim,
-            1,
-            run,
-            q,
-            positions.len(),
-            scale,
-            out,
-            scores,
-        );
+        self.attend_queries(layer, kv_head, q, 1, positions, scale, out, scores);
+    }
+
+    fn attend_causal(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        q: &[f32],
+        queries: usize,
+        n_ctx: usize,
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        self.attend_queries(layer, kv_head, q, queries, 0..n_ctx, scale, out, scores);
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -1158,29 +1251,108 @@ mod tests {
             let mut scores = vec![0.0; 5 * n];
             let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
             let runs = n.div_ceil(16);
-            attend_runs(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores);
-            attend_runs_any::<false, false, _>(
-                ty,
-                head_dim,
-                runs,
-                run,
-                &q,
-                n,
-                0.125,
-                &mut b,
-                &mut scores,
-            );
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "{ty:?} {head_dim}: the detected build");
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                // SAFETY: AVX2 and F16C were detected just above.
-                unsafe {
-                    attend_runs_avx2(ty, head_dim, runs, run, &q, n, 0.125, &mut a, &mut scores)
-                };
-                assert_eq!(bits(&a), bits(&b), "{ty:?} {head_dim}: the AVX2 build");
+            // One query of five heads, then five causal queries of one head each.
+            for queries in [1, 5] {
+                attend_runs(
+                    ty,
+                    head_dim,
+                    runs,
+                    run,
+                    &q,
+                    queries,
+                    n,
+                    0.125,
+                    &mut a,
+                    &mut scores,
+                );
+                attend_runs_any::<false, false, _>(
+                    ty,
+                    head_dim,
+                    runs,
+                    run,
+                    &q,
+                    queries,
+                    n,
+                    0.125,
+                    &mut b,
+                    &mut scores,
+                );
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "{ty:?} {head_dim} ×{queries}: the detected build"
+                );
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+                {
+                    // SAFETY: AVX2 and F16C were detected just above.
+                    unsafe {
+                        attend_runs_avx2(
+                            ty,
+                            head_dim,
+                            runs,
+                            run,
+                            &q,
+                            queries,
+                            n,
+                            0.125,
+                            &mut a,
+                            &mut scores,
+                        )
+                    };
+                    assert_eq!(
+                        bits(&a),
+                        bits(&b),
+                        "{ty:?} {head_dim} ×{queries}: the AVX2 build"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_of_causal_queries_equals_each_query_alone() {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let heads = 3;
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            let n = 53;
+            let mut kv = ContiguousKv::new(shape, 64, ty);
+            let k: Vec<f32> = (0..n * 128)
+                .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
+                .collect();
+            let v: Vec<f32> = (0..n * 128)
+                .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
+                .collect();
+            kv.store(1, 0, &k, &v);
+            kv.set_len(n);
+            for (queries, n_ctx) in [(1, 1), (2, 2), (16, 16), (16, 53), (5, 37), (7, 20)] {
+                let q: Vec<f32> = (0..queries * heads * 64)
+                    .map(|i| ((i * 3 % 17) as f32 - 8.0) * 0.2)
+                    .collect();
+                let mut scores = vec![0.0; queries * heads * n_ctx];
+                let mut block = vec![0.0; q.len()];
+                kv.attend_causal(1, 1, &q, queries, n_ctx, 0.17, &mut block, &mut scores);
+                for (i, (qi, bi)) in q
+                    .chunks_exact(heads * 64)
+                    .zip(block.chunks(heads * 64))
+                    .enumerate()
+                {
+                    let mut alone = vec![0.0; heads * 64];
+                    let end = n_ctx + 1 + i - queries;
+                    kv.attend(1, 1, qi, 0..end, 0.17, &mut alone, &mut scores);
+                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(bi),
+                        bits(&alone),
+                        "{ty:?}: query {i} of {queries}, n_ctx {n_ctx}"
+                    );
+                }
             }
         }
     }
