@@ -10,8 +10,11 @@
 //! attention): each cached K/V row is read and decoded once per group instead of once per
 //! query head, while every query head still sees exactly the arithmetic of a one-head kernel
 //! (same dot product, f64 softmax sum, in-order accumulation), so results do not depend on how
-//! heads are grouped. Cached rows are read as *runs* of consecutive positions lying `stride`
-//! bytes apart: one run for the contiguous cache, one per block for the paged cache.
+//! heads are grouped. A prompt's consecutive rows can attend as one block the same way
+//! ([`KvCache::attend_causal`]): their queries' heads share every row read, each query stopping
+//! at its own position, with the results of attending one by one. Cached rows are read as
+//! *runs* of consecutive positions lying `stride` bytes apart: one run for the contiguous
+//! cache, one per block for the paged cache.
 //!
 //! Element types, chosen to match llama.cpp's CPU kernels:
 //! - `f32`: everything in f32.
