@@ -43,7 +43,7 @@ pub trait ModelImage: Send + Sync {
     }
 
     /// Whether weights are still being loaded into the image (a lazy region not yet resident):
-    /// long prompts then run layer-major ([`crate::Model::prefill`]) so that all of their
+    /// long prompts then run layer-major ([`crate::Model::forward_passes`]) so that all of their
     /// passes overlap the load.
     fn is_loading(&self) -> bool {
         false
