@@ -380,12 +380,13 @@ fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
 
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorize without reassociation.
+    // Eight independent accumulators let the compiler vectorize without reassociation; each
+    // step a fused multiply-add.
     let mut acc = [0.0f32; 8];
     let chunks = a.len() / 8 * 8;
     for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
         for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
+            acc[i] = ca[i].mul_add(cb[i], acc[i]);
         }
     }
     // Lane 0, then each next lane in turn: the order the AVX2 build reproduces eight rows at a
@@ -395,7 +396,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         sum += x;
     }
     for i in chunks..a.len() {
-        sum += a[i] * b[i];
+        sum = a[i].mul_add(b[i], sum);
     }
     sum
 }
@@ -409,7 +410,7 @@ fn dot_rows(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
 }
 
 /// [`dot_rows`] with AVX2 intrinsics, eight rows at a time: each row accumulates in its own
-/// 8-lane register exactly as [`dot`] does (`acc + q·r`, no fusing), then an 8×8 transpose
+/// 8-lane register exactly as [`dot`] does (`q·r + acc`, fused), then an 8×8 transpose
 /// lines up lane `i` of the eight rows, and adding the transposed registers in lane order sums
 /// every row exactly as `dot` does — the same bits, one vector add per lane instead of seven
 /// scalar adds per row.
@@ -421,7 +422,7 @@ fn dot_rows(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
 #[inline(always)]
 unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
+        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_permute2f128_ps,
         _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps,
         _mm256_unpacklo_ps,
     };
@@ -440,7 +441,7 @@ unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(c));
                 for (k, a) in acc.iter_mut().enumerate() {
                     let rv = _mm256_loadu_ps(rows.as_ptr().add((r + k) * hd + c));
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, rv));
+                    *a = _mm256_fmadd_ps(qv, rv, *a);
                 }
                 c += 8;
             }
@@ -483,7 +484,7 @@ unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
             let row = &rows[(r + k) * hd..(r + k + 1) * hd];
             let mut s = s0;
             for j in vec_end..hd {
-                s += q[j] * row[j];
+                s = q[j].mul_add(row[j], s);
             }
             out[r + k] = s * scale;
         }
@@ -494,7 +495,8 @@ unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
 }
 
 /// `out += Σ_i w[i] · row i` over the rows of `rows` (each `out.len()` values), every element
-/// summed in row order; columns go 32 at a time through registers when the width allows.
+/// summed in row order by fused multiply-adds; columns go 32 at a time through registers when
+/// the width allows.
 #[inline(always)]
 fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
     let n = out.len();
@@ -505,7 +507,7 @@ fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
             for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
                 let r: &[f32; 32] = row[c..c + 32].try_into().expect("32 columns");
                 for k in 0..32 {
-                    acc[k] += wi * r[k];
+                    acc[k] = wi.mul_add(r[k], acc[k]);
                 }
             }
             *o = acc;
@@ -513,7 +515,7 @@ fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
     } else {
         for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
             for (o, &x) in out.iter_mut().zip(row) {
-                *o += wi * x;
+                *o = wi.mul_add(x, *o);
             }
         }
     }
@@ -579,9 +581,11 @@ const CHUNK_ROWS: usize = 16;
 /// rows accumulated in order), while the rows are read and decoded once for all the queries.
 ///
 /// On x86-64 CPUs with AVX2 the same code is compiled for 256-bit vectors, and with AVX-512 F
-/// with two 512-bit kernels besides. Rust never fuses or reorders float operations and the
-/// kernels keep the portable order, so every build computes bit-identical results; only the
-/// speed differs (aarch64's baseline NEON needs no second build).
+/// with two 512-bit kernels besides (these builds require FMA). Every multiply-add is fused
+/// (`mul_add`, one rounding, as ggml's vector dots and `vec_mad` use FMA), Rust never
+/// reorders float operations and the kernels keep the portable order, so every build computes
+/// bit-identical results; only the speed differs (aarch64's baseline NEON, which has FMA, needs
+/// no second build).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     ty: KvType,
@@ -599,9 +603,10 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
     {
-        // SAFETY: the CPU supports AVX-512 F, AVX2 and F16C (checked just above), the only
-        // requirement of a `target_feature(enable = "avx512f,avx2,f16c")` function.
+        // SAFETY: the CPU supports AVX-512 F, AVX2, F16C and FMA (checked just above), the
+        // only requirement of a `target_feature(enable = "avx512f,avx2,f16c,fma")` function.
         unsafe {
             attend_runs_avx512(
                 ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
@@ -610,9 +615,12 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: the CPU supports AVX2 and F16C (checked just above), the only requirement of
-        // a `target_feature(enable = "avx2,f16c")` function.
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports AVX2, F16C and FMA (checked just above), the only
+        // requirement of a `target_feature(enable = "avx2,f16c,fma")` function.
         unsafe {
             attend_runs_avx2(
                 ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
@@ -653,13 +661,13 @@ macro_rules! attend_build {
 
 attend_build!(
     /// [`attend_runs`] compiled for AVX2, converting f16 rows with F16C.
-    attend_runs_avx2, "avx2,f16c", true, false
+    attend_runs_avx2, "avx2,f16c,fma", true, false
 );
 attend_build!(
     /// [`attend_runs`] compiled for AVX-512: as the AVX2 build, plus 16 positions' scores per
     /// head at once ([`scores_avx512`]) and 64 output values per V row ([`accumulate_avx512`])
     /// for f16 and f32 rows whose width is a multiple of 16 — the same bits.
-    attend_runs_avx512, "avx512f,avx2,f16c", true, true
+    attend_runs_avx512, "avx512f,avx2,f16c,fma", true, true
 );
 
 /// `scores[h · n_ctx + i] = dot(q_h, row i) · scale` for the `n ≤ 16` rows of `rows` and every
@@ -715,7 +723,7 @@ unsafe fn scores_avx512(
             for c in 0..head_dim / 8 {
                 for (i, a) in acc.iter_mut().enumerate() {
                     let qv = _mm512_set1_ps(*qh.get_unchecked(8 * c + i));
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, columns[8 * c + i].assume_init()));
+                    *a = _mm512_fmadd_ps(qv, columns[8 * c + i].assume_init(), *a);
                 }
             }
             let mut sum = acc[0];
@@ -778,7 +786,7 @@ unsafe fn accumulate_columns<const REGS: usize>(
             let wv = _mm512_set1_ps(wi);
             let row = rows.as_ptr().add(i * n + c);
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(row.add(16 * j))));
+                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(16 * j)), *a);
             }
         }
         for (j, a) in acc.iter().enumerate() {
@@ -1289,8 +1297,9 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("fma")
                 {
-                    // SAFETY: AVX2 and F16C were detected just above.
+                    // SAFETY: AVX2, F16C and FMA were detected just above.
                     unsafe {
                         attend_runs_avx2(
                             ty,
