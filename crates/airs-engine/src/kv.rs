@@ -153,12 +153,28 @@ pub trait KvCache: Send + Sync {
     /// Record that positions `0..len` are now stored (after every layer wrote them).
     fn set_len(&mut self, len: usize);
 
-    /// Attention of one or more query heads that share `kv_head` against the stored
-    /// `positions` of `layer` (`0..n` for full attention, the window's last positions for a
-    /// sliding-window layer): `q` and `out` hold `heads × head_dim` values (head after head),
-    /// and for each head `out = softmax(scale · K q) · V`. `scores` is scratch space of at
-    /// least `heads × positions.len()` floats. Each head's result is independent of how many
-    /// are passed.
+    /// Attention of the query heads of `queries` consecutive positions, all sharing `kv_head`,
+    /// against the stored `positions` of `layer`: `q` and `out` hold `queries × heads ×
+    /// head_dim` values (query after query, each its heads one after another); the last query
+    /// attends all of `positions`, query `i` the first `positions.len() − (queries − 1 − i)` of
+    /// them, and for each head `out = softmax(scale · K q) · V`. `scores` is scratch space of
+    /// at least `queries × heads × positions.len()` floats. Each head's result is independent
+    /// of how many heads and queries are passed; every stored row is read once for all of them.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_queries(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        q: &[f32],
+        queries: usize,
+        positions: std::ops::Range<usize>,
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut [f32],
+    );
+
+    /// [`KvCache::attend_queries`] for one query: its heads against `positions` (`0..n` for
+    /// full attention, the window's last positions for a sliding-window layer).
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -169,15 +185,13 @@ pub trait KvCache: Send + Sync {
         scale: f32,
         out: &mut [f32],
         scores: &mut [f32],
-    );
+    ) {
+        self.attend_queries(layer, kv_head, q, 1, positions, scale, out, scores);
+    }
 
-    /// Causal attention of `queries` consecutive positions of this sequence, the last at
-    /// position `n_ctx − 1`, against positions `0..` (full attention: no sliding window):
-    /// `q` and `out` hold `queries × heads × head_dim` values (query after query, each its
-    /// heads), query `i` attends positions `0..n_ctx − (queries − 1 − i)`, and every head's
-    /// result is the one [`KvCache::attend`] gives it alone. `scores` needs
-    /// `queries × heads × n_ctx` floats. The default asks [`KvCache::attend`] query by query;
-    /// the caches here read and decode each row once for all the queries.
+    /// [`KvCache::attend_queries`] for a prompt's `queries` consecutive positions under full
+    /// attention, the last at position `n_ctx − 1`: query `i` attends
+    /// `0..n_ctx − (queries − 1 − i)`, its causal prefix.
     #[allow(clippy::too_many_arguments)]
     fn attend_causal(
         &self,
@@ -190,15 +204,7 @@ pub trait KvCache: Send + Sync {
         out: &mut [f32],
         scores: &mut [f32],
     ) {
-        let per_query = q.len() / queries;
-        for (i, (qi, oi)) in q
-            .chunks_exact(per_query)
-            .zip(out.chunks_exact_mut(per_query))
-            .enumerate()
-        {
-            let end = n_ctx + 1 + i - queries;
-            self.attend(layer, kv_head, qi, 0..end, scale, oi, scores);
-        }
+        self.attend_queries(layer, kv_head, q, queries, 0..n_ctx, scale, out, scores);
     }
 
     /// Bytes of memory the cache holds.
@@ -1016,9 +1022,39 @@ impl ContiguousKv {
     pub fn kv_type(&self) -> KvType {
         self.ty
     }
+}
 
-    /// [`attend_runs`] over `positions` (one run) for `queries` queries.
-    #[allow(clippy::too_many_arguments)]
+impl KvCache for ContiguousKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn reserve(&mut self, new_len: usize) -> Result<(), EngineError> {
+        if new_len > self.capacity {
+            return Err(EngineError::new(EngineErrorKind::ContextFull {
+                needed: new_len,
+                capacity: self.capacity,
+            }));
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
+        let (hd, rb) = (self.shape.head_dim, self.row_bytes);
+        let (ks, vs) = &mut self.layers[layer];
+        let at = start * self.shape.kv_heads * rb;
+        for (i, (ksrc, vsrc)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let d = at + i * rb;
+            encode_row(self.ty, ksrc, &mut ks[d..d + rb]);
+            encode_row(self.ty, vsrc, &mut vs[d..d + rb]);
+        }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len;
+    }
+
+    /// [`attend_runs`] over `positions`, one run.
     fn attend_queries(
         &self,
         layer: usize,
@@ -1054,64 +1090,6 @@ impl ContiguousKv {
             out,
             scores,
         );
-    }
-}
-
-impl KvCache for ContiguousKv {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn reserve(&mut self, new_len: usize) -> Result<(), EngineError> {
-        if new_len > self.capacity {
-            return Err(EngineError::new(EngineErrorKind::ContextFull {
-                needed: new_len,
-                capacity: self.capacity,
-            }));
-        }
-        Ok(())
-    }
-
-    fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
-        let (hd, rb) = (self.shape.head_dim, self.row_bytes);
-        let (ks, vs) = &mut self.layers[layer];
-        let at = start * self.shape.kv_heads * rb;
-        for (i, (ksrc, vsrc)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            let d = at + i * rb;
-            encode_row(self.ty, ksrc, &mut ks[d..d + rb]);
-            encode_row(self.ty, vsrc, &mut vs[d..d + rb]);
-        }
-    }
-
-    fn set_len(&mut self, len: usize) {
-        self.len = len;
-    }
-
-    fn attend(
-        &self,
-        layer: usize,
-        kv_head: usize,
-        q: &[f32],
-        positions: std::ops::Range<usize>,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        self.attend_queries(layer, kv_head, q, 1, positions, scale, out, scores);
-    }
-
-    fn attend_causal(
-        &self,
-        layer: usize,
-        kv_head: usize,
-        q: &[f32],
-        queries: usize,
-        n_ctx: usize,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        self.attend_queries(layer, kv_head, q, queries, 0..n_ctx, scale, out, scores);
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -1265,43 +1243,10 @@ mod tests {
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             // One query of five heads, then five causal queries of one head each.
             for queries in [1, 5] {
-                attend_runs(
-                    ty,
-                    head_dim,
-                    runs,
-                    run,
-                    &q,
-                    queries,
-                    n,
-                    0.125,
-                    &mut a,
-                    &mut scores,
-                );
-                attend_runs_any::<false, false, _>(
-                    ty,
-                    head_dim,
-                    runs,
-                    run,
-                    &q,
-                    queries,
-                    n,
-                    0.125,
-                    &mut b,
-                    &mut scores,
-                );
-                assert_eq!(
-                    bits(&a),
-                    bits(&b),
-                    "{ty:?} {head_dim} ×{queries}: the detected build"
-                );
-                #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("f16c")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: AVX2, F16C and FMA were detected just above.
-                    unsafe {
-                        attend_runs_avx2(
+                // The same arguments for every build.
+                macro_rules! attend_with {
+                    ($build:expr, $out:expr) => {
+                        $build(
                             ty,
                             head_dim,
                             runs,
@@ -1310,18 +1255,42 @@ mod tests {
                             queries,
                             n,
                             0.125,
-                            &mut a,
+                            $out,
                             &mut scores,
                         )
                     };
-                    assert_eq!(
-                        bits(&a),
-                        bits(&b),
-                        "{ty:?} {head_dim} ×{queries}: the AVX2 build"
-                    );
+                }
+                attend_with!(attend_runs, &mut a);
+                attend_with!(attend_runs_any::<false, false, _>, &mut b);
+                let what = format!("{ty:?} {head_dim} ×{queries}");
+                assert_eq!(bits(&a), bits(&b), "{what}: the detected build");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: AVX2, F16C and FMA were detected just above.
+                    unsafe { attend_with!(attend_runs_avx2, &mut a) };
+                    assert_eq!(bits(&a), bits(&b), "{what}: the AVX2 build");
                 }
             }
         }
+    }
+
+    /// A contiguous cache of `ty` holding `n` positions of patterned keys and values in
+    /// `layer`.
+    fn filled_cache(shape: KvShape, layer: usize, n: usize, ty: KvType) -> ContiguousKv {
+        let mut kv = ContiguousKv::new(shape, n, ty);
+        let kv_len = shape.kv_len();
+        let k: Vec<f32> = (0..n * kv_len)
+            .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
+            .collect();
+        let v: Vec<f32> = (0..n * kv_len)
+            .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
+            .collect();
+        kv.store(layer, 0, &k, &v);
+        kv.set_len(n);
+        kv
     }
 
     #[test]
@@ -1333,16 +1302,7 @@ mod tests {
         };
         let heads = 3;
         for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
-            let n = 53;
-            let mut kv = ContiguousKv::new(shape, 64, ty);
-            let k: Vec<f32> = (0..n * 128)
-                .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
-                .collect();
-            let v: Vec<f32> = (0..n * 128)
-                .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
-                .collect();
-            kv.store(1, 0, &k, &v);
-            kv.set_len(n);
+            let kv = filled_cache(shape, 1, 53, ty);
             for (queries, n_ctx) in [(1, 1), (2, 2), (16, 16), (16, 53), (5, 37), (7, 20)] {
                 let q: Vec<f32> = (0..queries * heads * 64)
                     .map(|i| ((i * 3 % 17) as f32 - 8.0) * 0.2)
@@ -1377,16 +1337,8 @@ mod tests {
             head_dim: 32,
         };
         for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
-            let mut kv = ContiguousKv::new(shape, 40, ty);
             let n = 37;
-            let k: Vec<f32> = (0..n * 64)
-                .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
-                .collect();
-            let v: Vec<f32> = (0..n * 64)
-                .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
-                .collect();
-            kv.store(0, 0, &k, &v);
-            kv.set_len(n);
+            let kv = filled_cache(shape, 0, n, ty);
             let q: Vec<f32> = (0..3 * 32)
                 .map(|i| ((i * 3 % 17) as f32 - 8.0) * 0.2)
                 .collect();

@@ -193,53 +193,6 @@ pub struct PagedKv {
 }
 
 impl PagedKv {
-    /// [`attend_runs`] over the blocks holding `positions` for `queries` queries.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_queries(
-        &self,
-        layer: usize,
-        kv_head: usize,
-        q: &[f32],
-        queries: usize,
-        positions: std::ops::Range<usize>,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        let l = self.layout;
-        let (tpb, rb) = (l.tokens_per_block, l.row_bytes);
-        let (ko, vo) = (l.run(layer, 0, kv_head), l.run(layer, 1, kv_head));
-        assert!(!positions.is_empty(), "attention over no positions");
-        // Blocks `first_block..=last_block` hold the positions; the first run starts inside
-        // its block when a sliding window begins there.
-        let first_block = positions.start / tpb;
-        let last_block = (positions.end - 1) / tpb;
-        let run = |r: usize| {
-            let b = first_block + r;
-            let block = self.table.block(b);
-            let lo = positions.start.saturating_sub(b * tpb);
-            let hi = (positions.end - b * tpb).min(tpb);
-            RowRun {
-                k: &block[ko + lo * rb..ko + hi * rb],
-                v: &block[vo + lo * rb..vo + hi * rb],
-                rows: hi - lo,
-                stride: rb,
-            }
-        };
-        attend_runs(
-            l.ty,
-            l.head_dim,
-            last_block - first_block + 1,
-            run,
-            q,
-            queries,
-            positions.len(),
-            scale,
-            out,
-            scores,
-        );
-    }
-
     /// An empty sequence whose full blocks are indexed under `salt` once their token ids are
     /// declared ([`PagedKv::extend_tokens`]).
     pub fn new_sequence(pool: &PagedKvPool, salt: Option<&[u8]>) -> PagedKv {
@@ -351,31 +304,50 @@ impl KvCache for PagedKv {
         self.table.commit(len);
     }
 
-    fn attend(
-        &self,
-        layer: usize,
-        kv_head: usize,
-        q: &[f32],
-        positions: std::ops::Range<usize>,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        self.attend_queries(layer, kv_head, q, 1, positions, scale, out, scores);
-    }
-
-    fn attend_causal(
+    /// [`attend_runs`] over the blocks holding `positions`, one run per block.
+    fn attend_queries(
         &self,
         layer: usize,
         kv_head: usize,
         q: &[f32],
         queries: usize,
-        n_ctx: usize,
+        positions: std::ops::Range<usize>,
         scale: f32,
         out: &mut [f32],
         scores: &mut [f32],
     ) {
-        self.attend_queries(layer, kv_head, q, queries, 0..n_ctx, scale, out, scores);
+        let l = self.layout;
+        let (tpb, rb) = (l.tokens_per_block, l.row_bytes);
+        let (ko, vo) = (l.run(layer, 0, kv_head), l.run(layer, 1, kv_head));
+        assert!(!positions.is_empty(), "attention over no positions");
+        // Blocks `first_block..=last_block` hold the positions; the first run starts inside
+        // its block when a sliding window begins there.
+        let first_block = positions.start / tpb;
+        let last_block = (positions.end - 1) / tpb;
+        let run = |r: usize| {
+            let b = first_block + r;
+            let block = self.table.block(b);
+            let lo = positions.start.saturating_sub(b * tpb);
+            let hi = (positions.end - b * tpb).min(tpb);
+            RowRun {
+                k: &block[ko + lo * rb..ko + hi * rb],
+                v: &block[vo + lo * rb..vo + hi * rb],
+                rows: hi - lo,
+                stride: rb,
+            }
+        };
+        attend_runs(
+            l.ty,
+            l.head_dim,
+            last_block - first_block + 1,
+            run,
+            q,
+            queries,
+            positions.len(),
+            scale,
+            out,
+            scores,
+        );
     }
 
     fn allocated_bytes(&self) -> usize {
