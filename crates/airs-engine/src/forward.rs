@@ -493,7 +493,7 @@ impl Model {
         // KV head): a slice attends all its heads at once, reading each K/V row once, through
         // the cache of the rows' sequence. A block is one row, or up to `QUERY_BLOCK`
         // consecutive rows of one sequence's prompt chunk under full attention, whose queries
-        // then share every row read (`KvCache::attend_causal`). Groups are sliced only as far
+        // then share every row read (`KvCache::attend_queries`). Groups are sliced only as far
         // as needed to give every thread work (decode has `kv_heads` items per token).
         {
             let caches: Vec<&dyn KvCache> = seqs.iter().map(|s| &*s.kv).collect();
@@ -536,30 +536,30 @@ impl Model {
                         let h1 = (h0 + per_slice).min((g + 1) * group);
                         let (seq, row0, rows, last) = blocks[b];
                         let n_ctx = last + 1;
+                        // The last row's positions (a block of several starts at 0).
+                        let positions = window.map_or(0, |w| n_ctx.saturating_sub(w))..n_ctx;
                         let width = (h1 - h0) * head_dim;
                         let at = |t: usize| t * q_len + h0 * head_dim;
+                        let needed = rows * (h1 - h0) * positions.len();
+                        if scores.len() < needed {
+                            scores.resize(needed, 0.0);
+                        }
+                        let cache = caches[seq];
                         if rows == 1 {
-                            let first = window.map_or(0, |w| n_ctx.saturating_sub(w));
-                            let positions = first..n_ctx;
-                            if scores.len() < (h1 - h0) * positions.len() {
-                                scores.resize((h1 - h0) * positions.len(), 0.0);
-                            }
                             // SAFETY: each (block, KV head, slice) item is visited once and
                             // owns the disjoint output range of its rows' query heads.
                             let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
                             let qh = &q[at(row0)..at(row0) + width];
-                            caches[seq].attend(l, g, qh, positions, scale, out, scores);
+                            cache.attend(l, g, qh, positions, scale, out, scores);
                             continue;
                         }
+                        // Several rows: their queries and outputs made contiguous.
                         qbuf.clear();
                         for t in row0..row0 + rows {
                             qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
                         }
                         obuf.resize(rows * width, 0.0);
-                        if scores.len() < rows * (h1 - h0) * n_ctx {
-                            scores.resize(rows * (h1 - h0) * n_ctx, 0.0);
-                        }
-                        caches[seq].attend_causal(l, g, qbuf, rows, n_ctx, scale, obuf, scores);
+                        cache.attend_queries(l, g, qbuf, rows, positions, scale, obuf, scores);
                         for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
                             // SAFETY: as above; the block's rows are its own.
                             unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);

@@ -11,7 +11,7 @@
 //! query head, while every query head still sees exactly the arithmetic of a one-head kernel
 //! (same dot product, f64 softmax sum, in-order accumulation), so results do not depend on how
 //! heads are grouped. A prompt's consecutive rows can attend as one block the same way
-//! ([`KvCache::attend_causal`]): their queries' heads share every row read, each query stopping
+//! ([`KvCache::attend_queries`]): their queries' heads share every row read, each query stopping
 //! at its own position, with the results of attending one by one. Cached rows are read as
 //! *runs* of consecutive positions lying `stride` bytes apart: one run for the contiguous
 //! cache, one per block for the paged cache.
@@ -187,24 +187,6 @@ pub trait KvCache: Send + Sync {
         scores: &mut [f32],
     ) {
         self.attend_queries(layer, kv_head, q, 1, positions, scale, out, scores);
-    }
-
-    /// [`KvCache::attend_queries`] for a prompt's `queries` consecutive positions under full
-    /// attention, the last at position `n_ctx − 1`: query `i` attends
-    /// `0..n_ctx − (queries − 1 − i)`, its causal prefix.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_causal(
-        &self,
-        layer: usize,
-        kv_head: usize,
-        q: &[f32],
-        queries: usize,
-        n_ctx: usize,
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        self.attend_queries(layer, kv_head, q, queries, 0..n_ctx, scale, out, scores);
     }
 
     /// Bytes of memory the cache holds.
@@ -606,11 +588,7 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     scores: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("f16c")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
+    if x86_attention_builds() && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU supports AVX-512 F, AVX2, F16C and FMA (checked just above), the
         // only requirement of a `target_feature(enable = "avx512f,avx2,f16c,fma")` function.
         unsafe {
@@ -621,10 +599,7 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("f16c")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
+    if x86_attention_builds() {
         // SAFETY: the CPU supports AVX2, F16C and FMA (checked just above), the only
         // requirement of a `target_feature(enable = "avx2,f16c,fma")` function.
         unsafe {
@@ -637,6 +612,15 @@ pub(crate) fn attend_runs<'a, F: Fn(usize) -> RowRun<'a>>(
     attend_runs_any::<false, false, _>(
         ty, head_dim, runs, run, q, queries, n_ctx, scale, out, scores,
     );
+}
+
+/// Whether this CPU has what both x86-64 attention builds need (AVX2, F16C, FMA); the
+/// AVX-512 build needs AVX-512 F besides.
+#[cfg(target_arch = "x86_64")]
+fn x86_attention_builds() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// An x86-64 build of [`attend_runs_any`] for the CPU features `$features`.
@@ -1265,10 +1249,7 @@ mod tests {
                 let what = format!("{ty:?} {head_dim} ×{queries}");
                 assert_eq!(bits(&a), bits(&b), "{what}: the detected build");
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("f16c")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if x86_attention_builds() {
                     // SAFETY: AVX2, F16C and FMA were detected just above.
                     unsafe { attend_with!(attend_runs_avx2, &mut a) };
                     assert_eq!(bits(&a), bits(&b), "{what}: the AVX2 build");
@@ -1309,7 +1290,7 @@ mod tests {
                     .collect();
                 let mut scores = vec![0.0; queries * heads * n_ctx];
                 let mut block = vec![0.0; q.len()];
-                kv.attend_causal(1, 1, &q, queries, n_ctx, 0.17, &mut block, &mut scores);
+                kv.attend_queries(1, 1, &q, queries, 0..n_ctx, 0.17, &mut block, &mut scores);
                 for (i, (qi, bi)) in q
                     .chunks_exact(heads * 64)
                     .zip(block.chunks(heads * 64))

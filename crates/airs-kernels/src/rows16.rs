@@ -553,9 +553,12 @@ mod q4k {
                     prefetch(blk, GROUP_BLOCK, PREFETCH_AHEAD);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
-                    let sc_lo = _mm512_loadu_si512(blk.add(64).cast());
-                    let m_lo = _mm512_loadu_si512(blk.add(128).cast());
-                    let hi = _mm512_loadu_si512(blk.add(192).cast());
+                    // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
+                    // 0..4, top bits of 4..8) and `[8..12]` (low nibbles of scales and mins
+                    // 4..8), each row's in its lane.
+                    let sc03 = _mm512_loadu_si512(blk.add(64).cast());
+                    let m03 = _mm512_loadu_si512(blk.add(128).cast());
+                    let nib47 = _mm512_loadu_si512(blk.add(192).cast());
                     // The 6-bit scales and mins of every row as bytes, four sub-blocks per
                     // register (ggml's `get_scale_min_k4`: sub-blocks 4..8 take their top
                     // two bits from bits 6-7 of the bytes of sub-blocks 0..4).
@@ -564,14 +567,14 @@ mod q4k {
                     let top = _mm512_set1_epi8(0x30);
                     let top_of = |x: __m512i| _mm512_and_si512(_mm512_srli_epi32::<2>(x), top);
                     let sc_bytes = [
-                        _mm512_and_si512(sc_lo, six),
-                        _mm512_or_si512(_mm512_and_si512(hi, nib), top_of(sc_lo)),
+                        _mm512_and_si512(sc03, six),
+                        _mm512_or_si512(_mm512_and_si512(nib47, nib), top_of(sc03)),
                     ];
                     let m_bytes = [
-                        _mm512_and_si512(m_lo, six),
+                        _mm512_and_si512(m03, six),
                         _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi32::<4>(hi), nib),
-                            top_of(m_lo),
+                            _mm512_and_si512(_mm512_srli_epi32::<4>(nib47), nib),
+                            top_of(m03),
                         ),
                     ];
                     // Each dword's bytes `b` (indices into the dword; `-1`: a zero byte),
