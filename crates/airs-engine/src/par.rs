@@ -322,6 +322,31 @@ fn matmul_packed(
             } else if tokens == 1 {
                 // SAFETY: chunks partition 0..rows and runs partition each chunk.
                 run(unsafe { writer.slice(r0..r1) }, width);
+            } else if tokens <= G && width.is_multiple_of(G) {
+                // Whole groups left in the file's layout (at load-chunk boundaries: ~2 % of
+                // the rows with 2 MiB chunks): repacked here, one at a time, for the rows16
+                // kernel — preparing every token's activations for the tiled kernels cost
+                // ~4 % of a 16-sequence decode step for these few rows (profiled), and the
+                // one-token kernel token by token more.
+                NATURAL.with(|packed| {
+                    let mut packed = packed.borrow_mut();
+                    let group_bytes = G * w.row_bytes;
+                    packed.resize(group_bytes, 0);
+                    for g0 in (r0..r1).step_by(G) {
+                        let natural = &data[g0 * w.row_bytes..(g0 + G) * w.row_bytes];
+                        airs_kernels::rows16::repack_group(w.ty, w.cols, natural, &mut packed)
+                            .expect("a repacked matrix's type has the layout");
+                        let mut outs: Vec<&mut [f32]> = (0..tokens)
+                            .map(|t| {
+                                let start = t * rows + g0;
+                                // SAFETY: as above: this group's columns of each token row.
+                                unsafe { writer.slice(start..start + G) }
+                            })
+                            .collect();
+                        airs_kernels::rows16::matmul_rows(isa, &packed, &prepared, &mut outs)
+                            .expect("matmul geometry checked at model load");
+                    }
+                });
             } else {
                 TILE.with(|tile| {
                     let mut tile = tile.borrow_mut();
