@@ -1,6 +1,6 @@
 //! The KV cache interface the forward pass writes keys/values into and attends through, the
-//! attention kernel every cache shares, and the contiguous cache (one `[capacity × kv_len]`
-//! array per layer for K and for V).
+//! attention kernel every cache shares, and the contiguous cache (per layer, K in tiles of 16
+//! positions and V as one `[capacity × kv_len]` array).
 //!
 //! The paged cache ([`crate::paged`], PagedAttention over the airs-memory block pool) is the
 //! engine's cache; the contiguous cache reserves its whole capacity up front and stays as a
@@ -12,32 +12,38 @@
 //! (same dot product, f64 softmax sum, in-order accumulation), so results do not depend on how
 //! heads are grouped. A prompt's consecutive rows can attend as one block the same way
 //! ([`KvCache::attend_queries`]): their queries' heads share every row read, each query stopping
-//! at its own position, with the results of attending one by one. Cached rows are read as
-//! *runs* of consecutive positions lying `stride` bytes apart: one run for the contiguous
-//! cache, one per block for the paged cache.
+//! at its own position, with the results of attending one by one. Cached positions are read as
+//! *runs*: one per K tile of the contiguous cache, one per block of the paged cache.
+//!
+//! Layout: V is cached in rows (a position's values together), which the weighted sum reads
+//! whole; f32 and f16 K is cached in columns inside tiles of positions
+//! ([`KvType::k_in_columns`]), so that the scores of 16 positions accumulate in the 16 lanes of
+//! a register straight from the cache, one load per value — in rows, each score is a dot
+//! product whose 16 lanes must be summed across, or the rows transposed first (the previous
+//! kernel gathered them: three times slower). Each score is two fused multiply-add chains in
+//! value order (even and odd values), the same in every build.
 //!
 //! Element types, chosen to match llama.cpp's CPU kernels:
 //! - `f32`: everything in f32.
 //! - `f16`: ggml multiplies f16 K and V by converting the f32 operand to f16 (its
 //!   `vec_dot_type`), so the query and the softmax weights are rounded to f16 before their dot
 //!   products; K and V rows convert exactly.
-//! - `q8_0`: ggml `block_q8_0` rows (f16 scale + 32 × i8 per 32 values). llama.cpp needs flash
-//!   attention for a quantized V cache; its CPU kernel quantizes the query to q8_0, takes
-//!   integer q8_0·q8_0 dot products with the K rows (block sums scaled by `d_k·d_q`), and
-//!   accumulates dequantized f32 V rows with f32 weights. We do the same, with the two-pass
-//!   softmax (f64 sum) of the other types instead of its online f32 softmax — a difference of
-//!   about one ulp in the weights. q8_0 needs `head_dim` to be a multiple of 32.
+//! - `q8_0`: ggml `block_q8_0` rows (f16 scale + 32 × i8 per 32 values), K in rows too (a
+//!   scale covers 32 values of one row). llama.cpp needs flash attention for a quantized V
+//!   cache; its CPU kernel quantizes the query to q8_0, takes integer q8_0·q8_0 dot products
+//!   with the K rows (block sums scaled by `d_k·d_q`), and accumulates dequantized f32 V rows
+//!   with f32 weights. We do the same, with the two-pass softmax (f64 sum) of the other types
+//!   instead of its online f32 softmax — a difference of about one ulp in the weights. q8_0
+//!   needs `head_dim` to be a multiple of 32.
 //!
 //! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
-//! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that also
-//! scores 16 positions per register (the positions in the lanes, so `dot`'s eight partial sums
-//! stay eight registers) and accumulates V rows 64 values at a time — bit-identical results in
-//! every build (tested). Before the first row is read, every run's rows are requested into L2:
-//! a paged cache's runs each start a new page, beyond the hardware prefetcher's reach. Measured
-//! on one core (Zen 4, 2048 positions, Qwen2.5-0.5B's 24 layers × 14 query / 2 KV heads of
-//! 64), before the AVX-512 build: one decode step's attention took about 8 ms for f16 and q8_0
-//! and 6.5-9 ms for f32; the AVX-512 build's gain is in BENCHMARKS.md (batched decode).
+//! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that reads
+//! f16/f32 K columns and V rows straight from the cache into 512-bit registers, four query
+//! heads per pass — bit-identical results in every build (tested). The next run is prefetched
+//! while one is computed (a paged cache's runs each start a new page). Measured single-thread
+//! with `cargo bench -p airs-engine --bench attention` (one decode query against 2048 cached
+//! positions, f16): BENCHMARKS.md.
 
 use airs_gguf::GgmlType;
 
@@ -84,6 +90,15 @@ impl KvType {
             KvType::F16 => Some(head_dim * 2),
             KvType::Q8_0 => head_dim.is_multiple_of(32).then_some(head_dim / 32 * 34),
         }
+    }
+
+    /// Whether K is cached in columns: a tile of `width` positions of one head holds value `d`
+    /// of its position `j` at element `d × width + j`, so one load reads one value of 16
+    /// consecutive positions, and 16 scores accumulate in the lanes of a register with no
+    /// transposition (f32, f16). Q8_0 keeps rows (row `j` at byte `j × row_bytes`): its scale
+    /// covers 32 values of one row. The tile's bytes are `width × row_bytes` either way.
+    pub fn k_in_columns(self) -> bool {
+        !matches!(self, KvType::Q8_0)
     }
 }
 
@@ -267,6 +282,22 @@ fn round_f16_scaled<const X86_SIMD: bool>(x: &mut [f32], scale: f32) {
     }
 }
 
+/// The largest value of `x` (NaN ignored), in 16 interleaved partial maxima so that every build
+/// vectorizes it: a maximum is exact, so any grouping gives the same value (a fold's dependent
+/// `max` chain cost several cycles per score).
+#[inline(always)]
+fn max_f32(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    chunks.remainder().iter().fold(max, |m, &v| m.max(v))
+}
+
 /// Σ x as f64, in four interleaved partial sums (independent dependency chains), combined
 /// pairwise: one fixed order in every build.
 #[inline(always)]
@@ -283,6 +314,30 @@ fn sum_f64(x: &[f32]) -> f64 {
         sum += f64::from(v);
     }
     sum
+}
+
+/// Encode one head's K row of `src.len()` values as position `col` of a K tile `width`
+/// positions wide (see [`KvType::k_in_columns`]).
+pub(crate) fn encode_k(ty: KvType, src: &[f32], tile: &mut [u8], width: usize, col: usize) {
+    debug_assert!(col < width);
+    match ty {
+        KvType::F32 => {
+            for (d, &x) in src.iter().enumerate() {
+                let at = (d * width + col) * 4;
+                tile[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        KvType::F16 => {
+            for (d, &x) in src.iter().enumerate() {
+                let at = (d * width + col) * 2;
+                tile[at..at + 2].copy_from_slice(&f32_to_f16(x).to_le_bytes());
+            }
+        }
+        KvType::Q8_0 => {
+            let row_bytes = tile.len() / width;
+            encode_row(ty, src, &mut tile[col * row_bytes..(col + 1) * row_bytes]);
+        }
+    }
 }
 
 /// Encode one head's row of `src.len()` values as `ty` into `dst` (`ty.row_bytes` bytes).
@@ -366,120 +421,244 @@ fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
     sum
 }
 
-#[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorize without reassociation; each
-    // step a fused multiply-add.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] = ca[i].mul_add(cb[i], acc[i]);
-        }
-    }
-    // Lane 0, then each next lane in turn: the order the AVX2 build reproduces eight rows at a
-    // time ([`dot_rows_avx2`]).
-    let mut sum = acc[0];
-    for &x in &acc[1..] {
-        sum += x;
-    }
-    for i in chunks..a.len() {
-        sum = a[i].mul_add(b[i], sum);
-    }
-    sum
+/// Query heads per pass of the portable [`score_pass`]: each head's 16 scores are two
+/// accumulator arrays, which take several registers each outside AVX-512.
+const PORTABLE_HEADS_PER_PASS: usize = 2;
+
+/// Query heads per pass of [`score_pass_avx512`]: eight accumulator registers in flight.
+const AVX512_HEADS_PER_PASS: usize = 4;
+
+/// Where the K values of a chunk of up to 16 positions come from.
+#[derive(Clone, Copy)]
+enum KChunk<'a> {
+    /// Decoded: value `d` of the chunk's positions at `[16·d ..]` (positions past the chunk's
+    /// end zero).
+    Decoded(&'a [f32]),
+    /// In place, in an f16 or f32 tile `width` positions wide, from column `col0`, with 16
+    /// columns from there inside the tile (AVX-512 only; positions past the chunk's end are
+    /// read and ignored).
+    #[cfg(target_arch = "x86_64")]
+    Tile {
+        ty: KvType,
+        tile: &'a [u8],
+        width: usize,
+        col0: usize,
+    },
 }
 
-/// `out[i] = dot(q, row i) · scale` for the rows of `rows` (each `q.len()` values).
-#[inline(always)]
-fn dot_rows(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
-    for (o, r) in out.iter_mut().zip(rows.chunks_exact(q.len())) {
-        *o = dot(q, r) * scale;
-    }
-}
-
-/// [`dot_rows`] with AVX2 intrinsics, eight rows at a time: each row accumulates in its own
-/// 8-lane register exactly as [`dot`] does (`q·r + acc`, fused), then an 8×8 transpose
-/// lines up lane `i` of the eight rows, and adding the transposed registers in lane order sums
-/// every row exactly as `dot` does — the same bits, one vector add per lane instead of seven
-/// scalar adds per row.
+/// `scores[h · n_ctx + j0 + j] = (q_h · k_j) · scale` for the `n ≤ 16` positions of a chunk
+/// and every query head `h` of `q`, a pass of heads at a time. Each position's dot product is
+/// two fused multiply-add chains in value order, one over the even values and one over the odd
+/// ones, added at the end; that is every build's order (the 16 positions ride in the lanes, so
+/// the portable loops vectorize as they are, and [`score_pass_avx512`] computes the same bits).
 ///
 /// # Safety
-/// The CPU must support AVX2 (the caller is [`attend_runs_avx2`], compiled with it, after
-/// runtime detection); `rows` holds `out.len()` rows of `q.len()` values.
+/// A [`KChunk::Tile`] only with AVX-512 F and F16C (inside [`attend_runs_avx512`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_chunk(
+    k: KChunk<'_>,
+    q: &[f32],
+    head_dim: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut [f32],
+    n_ctx: usize,
+    j0: usize,
+) {
+    let heads = q.len() / head_dim;
+    assert!(n <= CHUNK_ROWS && j0 + n <= n_ctx && scores.len() >= heads * n_ctx);
+    let per_pass = match k {
+        KChunk::Decoded(cols) => {
+            assert!(cols.len() >= CHUNK_ROWS * head_dim);
+            PORTABLE_HEADS_PER_PASS
+        }
+        #[cfg(target_arch = "x86_64")]
+        KChunk::Tile {
+            ty,
+            tile,
+            width,
+            col0,
+        } => {
+            let elem = ty.row_bytes(1).expect("f32 and f16 have a size");
+            assert!(ty.k_in_columns() && tile.len() >= head_dim * width * elem);
+            assert!(col0 + CHUNK_ROWS <= width);
+            AVX512_HEADS_PER_PASS
+        }
+    };
+    let mut h = 0;
+    while h < heads {
+        let pass = (heads - h).min(per_pass);
+        let qs = &q[h * head_dim..(h + pass) * head_dim];
+        let mut out = [[0.0f32; CHUNK_ROWS]; AVX512_HEADS_PER_PASS];
+        match k {
+            KChunk::Decoded(cols) => match pass {
+                1 => score_pass::<1>(qs, head_dim, cols, scale, &mut out),
+                _ => score_pass::<2>(qs, head_dim, cols, scale, &mut out),
+            },
+            #[cfg(target_arch = "x86_64")]
+            KChunk::Tile {
+                ty,
+                tile,
+                width,
+                col0,
+            } => {
+                macro_rules! pass {
+                    ($h:literal) => {
+                        // SAFETY: AVX-512 F and F16C (contract); `qs` holds `$h` heads and
+                        // every column read lies inside `tile` (asserted above).
+                        unsafe {
+                            if ty == KvType::F16 {
+                                score_pass_avx512::<$h, true>(
+                                    qs, head_dim, tile, width, col0, scale, &mut out,
+                                )
+                            } else {
+                                score_pass_avx512::<$h, false>(
+                                    qs, head_dim, tile, width, col0, scale, &mut out,
+                                )
+                            }
+                        }
+                    };
+                }
+                match pass {
+                    1 => pass!(1),
+                    2 => pass!(2),
+                    3 => pass!(3),
+                    _ => pass!(4),
+                }
+            }
+        }
+        for (i, o) in out[..pass].iter().enumerate() {
+            let at = (h + i) * n_ctx + j0;
+            scores[at..at + n].copy_from_slice(&o[..n]);
+        }
+        h += pass;
+    }
+}
+
+/// [`scores_chunk`] for `H` heads from decoded columns.
+#[inline(always)]
+fn score_pass<const H: usize>(
+    q: &[f32],
+    head_dim: usize,
+    cols: &[f32],
+    scale: f32,
+    out: &mut [[f32; CHUNK_ROWS]],
+) {
+    let mut even = [[0.0f32; CHUNK_ROWS]; H];
+    let mut odd = [[0.0f32; CHUNK_ROWS]; H];
+    let col = |d: usize| -> &[f32; CHUNK_ROWS] {
+        cols[d * CHUNK_ROWS..(d + 1) * CHUNK_ROWS]
+            .try_into()
+            .expect("16 lanes")
+    };
+    for p in 0..head_dim / 2 {
+        let (c0, c1) = (col(2 * p), col(2 * p + 1));
+        for h in 0..H {
+            let (a, b) = (q[h * head_dim + 2 * p], q[h * head_dim + 2 * p + 1]);
+            for j in 0..CHUNK_ROWS {
+                even[h][j] = a.mul_add(c0[j], even[h][j]);
+                odd[h][j] = b.mul_add(c1[j], odd[h][j]);
+            }
+        }
+    }
+    if head_dim % 2 == 1 {
+        let c = col(head_dim - 1);
+        for h in 0..H {
+            let a = q[h * head_dim + head_dim - 1];
+            for j in 0..CHUNK_ROWS {
+                even[h][j] = a.mul_add(c[j], even[h][j]);
+            }
+        }
+    }
+    for h in 0..H {
+        for j in 0..CHUNK_ROWS {
+            out[h][j] = (even[h][j] + odd[h][j]) * scale;
+        }
+    }
+}
+
+/// [`score_pass`] with 512-bit registers on `H` heads, columns read from the tile (f16 when
+/// `F16`, else f32): the same chains, the same bits.
+///
+/// # Safety
+/// AVX-512 F and F16C; `tile` holds `head_dim × width` values, `col0 + 16 ≤ width`, `q` holds
+/// `H` heads of `head_dim` values and `out` at least `H` rows.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
-    use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_permute2f128_ps,
-        _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps,
-        _mm256_unpacklo_ps,
-    };
-    let hd = q.len();
-    let vec_end = hd / 8 * 8;
-    assert!(rows.len() >= out.len() * hd);
-    let mut r = 0;
-    while r + 8 <= out.len() {
-        // SAFETY: AVX2 is available (function contract); every load reads 8 floats at
-        // `c < vec_end ≤ hd - 8 + 8` within row `r + k < out.len()`, inside `q` and `rows`
-        // (asserted above); the store writes the 8 floats of `sums`.
-        let sums = unsafe {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut c = 0;
-            while c < vec_end {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                for (k, a) in acc.iter_mut().enumerate() {
-                    let rv = _mm256_loadu_ps(rows.as_ptr().add((r + k) * hd + c));
-                    *a = _mm256_fmadd_ps(qv, rv, *a);
+unsafe fn score_pass_avx512<const H: usize, const F16: bool>(
+    q: &[f32],
+    head_dim: usize,
+    tile: &[u8],
+    width: usize,
+    col0: usize,
+    scale: f32,
+    out: &mut [[f32; CHUNK_ROWS]],
+) {
+    use std::arch::x86_64::*;
+    let elem = if F16 { 2 } else { 4 };
+    assert!(tile.len() >= head_dim * width * elem && col0 + CHUNK_ROWS <= width);
+    assert!(q.len() >= H * head_dim && out.len() >= H);
+    // SAFETY: AVX-512 F and F16C are available (contract); column `d < head_dim` reads the
+    // 16 values at element `d · width + col0`, inside `tile`; `q` reads stay below `H ·
+    // head_dim` and every store writes the 16 values of `out[h]`, `h < H` (asserted above).
+    unsafe {
+        let (t, qp) = (tile.as_ptr(), q.as_ptr());
+        // (A macro, not a closure: closures do not inherit the caller's target features, and
+        // the intrinsics would become calls.)
+        macro_rules! col {
+            ($d:expr) => {{
+                let at = t.add(($d * width + col0) * elem);
+                if F16 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(at.cast()))
+                } else {
+                    _mm512_loadu_ps(at.cast())
                 }
-                c += 8;
-            }
-            // Transpose: t[i] holds lane i of acc[0..8].
-            let lo01 = _mm256_unpacklo_ps(acc[0], acc[1]);
-            let hi01 = _mm256_unpackhi_ps(acc[0], acc[1]);
-            let lo23 = _mm256_unpacklo_ps(acc[2], acc[3]);
-            let hi23 = _mm256_unpackhi_ps(acc[2], acc[3]);
-            let lo45 = _mm256_unpacklo_ps(acc[4], acc[5]);
-            let hi45 = _mm256_unpackhi_ps(acc[4], acc[5]);
-            let lo67 = _mm256_unpacklo_ps(acc[6], acc[7]);
-            let hi67 = _mm256_unpackhi_ps(acc[6], acc[7]);
-            let a0 = _mm256_shuffle_ps::<0x44>(lo01, lo23);
-            let a1 = _mm256_shuffle_ps::<0xEE>(lo01, lo23);
-            let a2 = _mm256_shuffle_ps::<0x44>(hi01, hi23);
-            let a3 = _mm256_shuffle_ps::<0xEE>(hi01, hi23);
-            let b0 = _mm256_shuffle_ps::<0x44>(lo45, lo67);
-            let b1 = _mm256_shuffle_ps::<0xEE>(lo45, lo67);
-            let b2 = _mm256_shuffle_ps::<0x44>(hi45, hi67);
-            let b3 = _mm256_shuffle_ps::<0xEE>(hi45, hi67);
-            let t: [__m256; 8] = [
-                _mm256_permute2f128_ps::<0x20>(a0, b0),
-                _mm256_permute2f128_ps::<0x20>(a1, b1),
-                _mm256_permute2f128_ps::<0x20>(a2, b2),
-                _mm256_permute2f128_ps::<0x20>(a3, b3),
-                _mm256_permute2f128_ps::<0x31>(a0, b0),
-                _mm256_permute2f128_ps::<0x31>(a1, b1),
-                _mm256_permute2f128_ps::<0x31>(a2, b2),
-                _mm256_permute2f128_ps::<0x31>(a3, b3),
-            ];
-            let mut sum = t[0];
-            for &x in &t[1..] {
-                sum = _mm256_add_ps(sum, x);
-            }
-            let mut sums = [0.0f32; 8];
-            _mm256_storeu_ps(sums.as_mut_ptr(), sum);
-            sums
-        };
-        for (k, &s0) in sums.iter().enumerate() {
-            let row = &rows[(r + k) * hd..(r + k + 1) * hd];
-            let mut s = s0;
-            for j in vec_end..hd {
-                s = q[j].mul_add(row[j], s);
-            }
-            out[r + k] = s * scale;
+            }};
         }
-        r += 8;
+        let mut even = [_mm512_setzero_ps(); H];
+        let mut odd = [_mm512_setzero_ps(); H];
+        for p in 0..head_dim / 2 {
+            let (c0, c1) = (col!(2 * p), col!(2 * p + 1));
+            for h in 0..H {
+                let a = _mm512_set1_ps(*qp.add(h * head_dim + 2 * p));
+                let b = _mm512_set1_ps(*qp.add(h * head_dim + 2 * p + 1));
+                even[h] = _mm512_fmadd_ps(a, c0, even[h]);
+                odd[h] = _mm512_fmadd_ps(b, c1, odd[h]);
+            }
+        }
+        if head_dim % 2 == 1 {
+            let c = col!(head_dim - 1);
+            for (h, e) in even.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*qp.add(h * head_dim + head_dim - 1));
+                *e = _mm512_fmadd_ps(a, c, *e);
+            }
+        }
+        let scale = _mm512_set1_ps(scale);
+        for h in 0..H {
+            let s = _mm512_mul_ps(_mm512_add_ps(even[h], odd[h]), scale);
+            _mm512_storeu_ps(out[h].as_mut_ptr(), s);
+        }
     }
-    let rest = &rows[r * hd..];
-    dot_rows(q, rest, scale, &mut out[r..]);
+}
+
+/// Columns `col0..col0 + n` of an f16 or f32 K tile `width` positions wide, decoded into
+/// `cols` (value `d` of the chunk's positions at `cols[16·d ..]`, positions past `n` zero).
+#[inline(always)]
+fn decode_columns<const X86_SIMD: bool>(
+    ty: KvType,
+    tile: &[u8],
+    width: usize,
+    col0: usize,
+    n: usize,
+    cols: &mut [f32],
+) {
+    let elem = ty.row_bytes(1).expect("f32 and f16 have a size");
+    for (d, o) in cols.chunks_exact_mut(CHUNK_ROWS).enumerate() {
+        let at = (d * width + col0) * elem;
+        decode_row_with::<X86_SIMD>(ty, &tile[at..at + n * elem], &mut o[..n]);
+        o[n..].fill(0.0);
+    }
 }
 
 /// `out += Σ_i w[i] · row i` over the rows of `rows` (each `out.len()` values), every element
@@ -513,46 +692,43 @@ fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
 // The attention kernel.
 
 /// Ask the CPU to start loading `bytes` (the next run, while this one is computed): a paged
-/// cache's runs lie in separate blocks, where the hardware prefetcher loses the stream.
+/// cache's runs lie in separate blocks, where the hardware prefetcher loses the stream. (Asking
+/// for every run at once, into L2, cost more than it saved: BENCHMARKS.md.)
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
-    prefetch_into::<false>(bytes);
-}
-
-/// [`prefetch`] into L2 only (`prefetcht1`), for rows read a little later: one hint per 128
-/// bytes, as the L2's adjacent-line prefetcher completes each pair of lines.
-#[inline(always)]
-fn prefetch_l2(bytes: &[u8]) {
-    prefetch_into::<true>(bytes);
-}
-
-/// Prefetch hints over `bytes`: every line into L1, or (`L2`) every other line into L2.
-#[inline(always)]
-fn prefetch_into<const L2: bool>(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(if L2 { 128 } else { 64 }) {
-        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+    for line in bytes.chunks(64) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         // SAFETY: a prefetch is only a hint: it never faults, has no architectural effect,
         // and the address lies inside a live slice anyway.
-        unsafe {
-            if L2 {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast())
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast())
-            }
-        };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
 }
 
-/// `rows` consecutive cached positions of one KV head: row `i` of K starts at byte
-/// `i × stride` of `k` (likewise for V) and holds one head's row.
+/// `rows` consecutive cached positions of one KV head. K lies in a tile of `width` positions
+/// (see [`KvType::k_in_columns`]), the run's positions from `first` on; row `i` of V starts at
+/// byte `i × stride` of `v` and holds one head's row.
 pub(crate) struct RowRun<'a> {
     pub k: &'a [u8],
+    pub width: usize,
+    pub first: usize,
     pub v: &'a [u8],
     pub rows: usize,
     pub stride: usize,
+}
+
+impl RowRun<'_> {
+    /// The bytes of K that hold the run (the whole tile when K is in columns).
+    fn k_bytes(&self, ty: KvType, head_dim: usize) -> &[u8] {
+        if ty.k_in_columns() {
+            self.k
+        } else {
+            let row_bytes = ty.row_bytes(head_dim).expect("row geometry checked");
+            &self.k[self.first * row_bytes..(self.first + self.rows) * row_bytes]
+        }
+    }
 }
 
 /// Rows decoded at a time (the paged cache's default block size).
@@ -654,136 +830,141 @@ attend_build!(
     attend_runs_avx2, "avx2,f16c,fma", true, false
 );
 attend_build!(
-    /// [`attend_runs`] compiled for AVX-512: as the AVX2 build, plus 16 positions' scores per
-    /// head at once ([`scores_avx512`]) and 64 output values per V row ([`accumulate_avx512`])
-    /// for f16 and f32 rows whose width is a multiple of 16 — the same bits.
+    /// [`attend_runs`] compiled for AVX-512: as the AVX2 build, with f16 and f32 K columns and
+    /// V rows read straight from the cache into 512-bit registers, four query heads at a time
+    /// ([`scores_chunk`], [`accumulate_tile_avx512`]) — the same bits.
     attend_runs_avx512, "avx512f,avx2,f16c,fma", true, true
 );
 
-/// `scores[h · n_ctx + i] = dot(q_h, row i) · scale` for the `n ≤ 16` rows of `rows` and every
-/// query head `h` of `q`: the 16 rows sit in the 16 lanes of a register (gathered, one register
-/// per column), so the 8 partial sums [`dot`] keeps per row are 8 registers, added in `dot`'s
-/// lane order at the end — the same bits as [`dot_rows`]. Counted from the code for 64-value
-/// heads: 12 vector instructions per score plus the gathers shared by the group's heads,
-/// against ~29 for the 8-row AVX2 kernel.
+/// Query heads per pass of [`accumulate_tile_avx512`]: with four registers of columns each,
+/// sixteen independent accumulator chains, every V value loaded and converted once per pass.
+#[cfg(target_arch = "x86_64")]
+const AVX512_V_HEADS_PER_PASS: usize = 4;
+
+/// [`accumulate_rows`] for the `heads = out.len() / head_dim ≤ 4` heads of `out` at once,
+/// reading the `n` V rows of `v` (row `i` at byte `i × stride`, f16 or f32 values) straight
+/// from the cache: `out_h += Σ_i w[h · w_stride + i] · row i`, every element summed in row order
+/// by fused multiply-adds (the same bits), 64 columns per pass.
 ///
 /// # Safety
-/// AVX-512 F (the caller is [`attend_runs_avx512`]); `rows` holds 16 rows of `head_dim`
-/// values (rows `n..16` are read and ignored), `head_dim` a multiple of 8 and ≤
-/// [`MAX_HEAD_DIM`]; `scores` holds `heads × n_ctx` values and `j0 + n ≤ n_ctx`.
+/// AVX-512 F and F16C (the caller is [`attend_runs_avx512`]); `ty` is f32 or f16, `head_dim`
+/// a multiple of 16, `v` holds `n` rows of `stride` bytes (the last one at least a row), and
+/// `w` holds `(heads − 1) · w_stride + n` weights.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores_avx512(
-    q: &[f32],
+unsafe fn accumulate_tile_avx512(
+    ty: KvType,
+    out: &mut [f32],
     head_dim: usize,
-    rows: &[f32],
+    w: &[f32],
+    w_stride: usize,
     n: usize,
-    scale: f32,
-    scores: &mut [f32],
-    n_ctx: usize,
-    j0: usize,
+    v: &[u8],
+    stride: usize,
 ) {
-    use std::arch::x86_64::*;
-    assert!(
-        head_dim.is_multiple_of(8)
-            && head_dim <= MAX_HEAD_DIM
-            && rows.len() >= CHUNK_ROWS * head_dim
-            && n <= CHUNK_ROWS
-    );
-    let heads = q.len() / head_dim;
-    assert!(scores.len() >= heads * n_ctx && j0 + n <= n_ctx);
-    // SAFETY: AVX-512 F is available (contract); the gather reads element `d` of rows 0..16,
-    // all inside `rows` (asserted); the masked store writes scores `j0..j0 + n` of head `h`,
-    // inside `scores` (asserted).
-    unsafe {
-        // Only the first `head_dim` columns are written and read.
-        let mut columns = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_HEAD_DIM];
-        let stride = _mm512_mullo_epi32(
-            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-            _mm512_set1_epi32(head_dim as i32),
-        );
-        for (d, c) in columns[..head_dim].iter_mut().enumerate() {
-            c.write(_mm512_i32gather_ps::<4>(stride, rows.as_ptr().add(d)));
-        }
-        let mask: __mmask16 = ((1u32 << n) - 1) as u16;
-        for h in 0..heads {
-            let qh = &q[h * head_dim..(h + 1) * head_dim];
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for c in 0..head_dim / 8 {
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let qv = _mm512_set1_ps(*qh.get_unchecked(8 * c + i));
-                    *a = _mm512_fmadd_ps(qv, columns[8 * c + i].assume_init(), *a);
-                }
-            }
-            let mut sum = acc[0];
-            for &a in &acc[1..] {
-                sum = _mm512_add_ps(sum, a);
-            }
-            let s = _mm512_mul_ps(sum, _mm512_set1_ps(scale));
-            _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * n_ctx + j0), mask, s);
-        }
-    }
-}
-
-/// [`accumulate_rows`] with 512-bit registers: `out += Σ_i w[i] · row i`, every element summed
-/// in row order (the same bits), 64 columns of `out` per pass in four registers.
-///
-/// # Safety
-/// AVX-512 F (the caller is [`attend_runs_avx512`]); `out.len()` a multiple of 16 and `rows`
-/// holds `w.len()` rows of `out.len()` values.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn accumulate_avx512(out: &mut [f32], w: &[f32], rows: &[f32]) {
-    let n = out.len();
-    assert!(n.is_multiple_of(16) && rows.len() >= w.len() * n);
+    let heads = out.len() / head_dim;
+    let row_bytes = ty.row_bytes(head_dim).expect("f32 and f16 have a size");
+    assert!(ty.k_in_columns() && head_dim.is_multiple_of(16) && n > 0);
+    assert!((1..=AVX512_V_HEADS_PER_PASS).contains(&heads) && out.len() == heads * head_dim);
+    assert!(w.len() >= (heads - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
     let mut c = 0;
-    while c < n {
-        // SAFETY: AVX-512 F is available (contract); columns `c..c + 16·REGS ≤ n`.
-        unsafe {
-            c += match (n - c) / 16 {
-                1 => accumulate_columns::<1>(out, w, rows, c),
-                2 => accumulate_columns::<2>(out, w, rows, c),
-                3 => accumulate_columns::<3>(out, w, rows, c),
-                _ => accumulate_columns::<4>(out, w, rows, c),
+    while c < head_dim {
+        let regs = ((head_dim - c) / 16).min(4);
+        macro_rules! go {
+            ($h:literal, $c:literal) => {
+                // SAFETY: AVX-512 F and F16C (contract); columns `c..c + 16·regs ≤ head_dim`
+                // of each head's output and of the `n` rows lie inside `out` and `v`, and the
+                // weights inside `w` (asserted above).
+                unsafe {
+                    if ty == KvType::F16 {
+                        accumulate_block::<$h, $c, true>(
+                            out, head_dim, c, w, w_stride, n, v, stride,
+                        )
+                    } else {
+                        accumulate_block::<$h, $c, false>(
+                            out, head_dim, c, w, w_stride, n, v, stride,
+                        )
+                    }
+                }
             };
         }
+        macro_rules! by_regs {
+            ($h:literal) => {
+                match regs {
+                    1 => go!($h, 1),
+                    2 => go!($h, 2),
+                    3 => go!($h, 3),
+                    _ => go!($h, 4),
+                }
+            };
+        }
+        match heads {
+            1 => by_regs!(1),
+            2 => by_regs!(2),
+            3 => by_regs!(3),
+            _ => by_regs!(4),
+        }
+        c += 16 * regs;
     }
 }
 
-/// Columns `c..c + 16·REGS` of [`accumulate_avx512`], in `REGS` registers; returns their
-/// count.
+/// Columns `c..c + 16·C` of [`accumulate_tile_avx512`] for `H` heads, V in f16 when `F16`.
 ///
 /// # Safety
-/// AVX-512 F; `c + 16·REGS ≤ out.len()` and `rows` holds `w.len()` rows of `out.len()` values.
+/// As [`accumulate_tile_avx512`], with `c + 16·C ≤ head_dim` and `H` heads in `out`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn accumulate_columns<const REGS: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_block<const H: usize, const C: usize, const F16: bool>(
     out: &mut [f32],
-    w: &[f32],
-    rows: &[f32],
+    head_dim: usize,
     c: usize,
-) -> usize {
+    w: &[f32],
+    w_stride: usize,
+    n: usize,
+    v: &[u8],
+    stride: usize,
+) {
     use std::arch::x86_64::*;
-    let n = out.len();
-    assert!(c + 16 * REGS <= n && rows.len() >= w.len() * n);
-    // SAFETY: AVX-512 F is available (contract); loads and stores touch columns
-    // `c..c + 16·REGS ≤ n` of `out` and of rows `i < w.len()` of `rows` (asserted).
+    let elem = if F16 { 2 } else { 4 };
+    assert!(c + 16 * C <= head_dim && out.len() >= H * head_dim);
+    assert!(w.len() >= (H - 1) * w_stride + n && v.len() >= (n - 1) * stride + head_dim * elem);
+    // SAFETY: AVX-512 F and F16C (contract); loads and stores touch columns `c..c + 16·C` of
+    // the `H` heads' outputs and of rows `i < n` of `v`, and weights `h · w_stride + i`, all
+    // inside the slices (asserted above).
     unsafe {
-        let mut acc: [__m512; REGS] =
-            std::array::from_fn(|j| _mm512_loadu_ps(out.as_ptr().add(c + 16 * j)));
-        for (i, &wi) in w.iter().enumerate() {
-            let wv = _mm512_set1_ps(wi);
-            let row = rows.as_ptr().add(i * n + c);
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(16 * j)), *a);
+        // (Loops, not `array::from_fn`: a closure does not inherit the target features, and
+        // its intrinsics would become calls.)
+        let mut acc = [[_mm512_setzero_ps(); C]; H];
+        for (h, a) in acc.iter_mut().enumerate() {
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(out.as_ptr().add(h * head_dim + c + 16 * j));
             }
         }
-        for (j, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * j), *a);
+        for i in 0..n {
+            let row = v.as_ptr().add(i * stride + c * elem);
+            let mut x = [_mm512_setzero_ps(); C];
+            for (j, x) in x.iter_mut().enumerate() {
+                *x = if F16 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(row.add(32 * j).cast()))
+                } else {
+                    _mm512_loadu_ps(row.add(64 * j).cast())
+                };
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                let wv = _mm512_set1_ps(*w.get_unchecked(h * w_stride + i));
+                for (a, &x) in a.iter_mut().zip(&x) {
+                    *a = _mm512_fmadd_ps(wv, x, *a);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (j, &a) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * head_dim + c + 16 * j), a);
+            }
         }
     }
-    16 * REGS
 }
 
 /// The body of [`attend_runs`], inlined into each instruction-set build. `AVX512` may only be
@@ -831,28 +1012,19 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     }
     let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
 
-    // Every run's K and V rows requested into L2 before any is read: the runs lie in separate
-    // blocks (a new page each), so neither the hardware prefetcher nor one run of lookahead
-    // hides their latency.
-    for r in 0..runs {
-        let RowRun { k, v, .. } = run(r);
-        prefetch_l2(k);
-        prefetch_l2(v);
-    }
-    // Scores, a chunk of rows at a time: decode the rows once, then every head.
+    // Scores, up to 16 positions at a time: decode their K values once, then every head.
     let mut j0 = 0;
     for r in 0..runs {
-        let RowRun {
-            k, rows, stride, ..
-        } = run(r);
+        let this = run(r);
         if r + 1 < runs {
-            prefetch(run(r + 1).k);
+            prefetch(run(r + 1).k_bytes(ty, head_dim));
         }
         let mut i0 = 0;
-        while i0 < rows {
-            let n = (rows - i0).min(CHUNK_ROWS);
-            let row = |i: usize| &k[(i0 + i) * stride..(i0 + i) * stride + row_bytes];
+        while i0 < this.rows {
+            let n = (this.rows - i0).min(CHUNK_ROWS);
+            let col0 = this.first + i0;
             if ty == KvType::Q8_0 {
+                let row = |i: usize| &this.k[(col0 + i) * row_bytes..(col0 + i + 1) * row_bytes];
                 for h in 0..heads {
                     let qh = &q_q8[h * row_bytes..(h + 1) * row_bytes];
                     let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
@@ -861,37 +1033,26 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
                     }
                 }
             } else {
-                let buf = &mut rows_buf[..n * head_dim];
-                for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
-                    decode_row_with::<X86_SIMD>(ty, row(i), o);
-                }
-                // (Fewer than 8 rows: the gathers cost more than the 8-row AVX2 kernel.)
                 #[cfg(target_arch = "x86_64")]
-                if AVX512 && head_dim.is_multiple_of(8) && n >= 8 {
-                    // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, which runs
-                    // after runtime detection of AVX-512 F; `rows_buf` holds CHUNK_ROWS rows
-                    // of `head_dim ≤ MAX_HEAD_DIM` values, `n ≤ CHUNK_ROWS`, and positions
-                    // `j0..j0 + n` lie inside `n_ctx`.
-                    unsafe {
-                        scores_avx512(&q_f32, head_dim, &rows_buf, n, scale, scores, n_ctx, j0)
-                    };
-                    i0 += n;
-                    j0 += n;
-                    continue;
-                }
-                for h in 0..heads {
-                    let qh = &q_f32[h * head_dim..(h + 1) * head_dim];
-                    let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
-                    #[cfg(target_arch = "x86_64")]
-                    if X86_SIMD {
-                        // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`, which runs after
-                        // runtime detection of AVX2 (and F16C); `buf` holds `n` rows of
-                        // `head_dim` values and `s` has `n` scores.
-                        unsafe { dot_rows_avx2(qh, buf, scale, s) };
-                        continue;
+                let chunk = if AVX512 && col0 + CHUNK_ROWS <= this.width {
+                    KChunk::Tile {
+                        ty,
+                        tile: this.k,
+                        width: this.width,
+                        col0,
                     }
-                    dot_rows(qh, buf, scale, s);
-                }
+                } else {
+                    decode_columns::<X86_SIMD>(ty, this.k, this.width, col0, n, &mut rows_buf);
+                    KChunk::Decoded(&rows_buf)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let chunk = {
+                    decode_columns::<X86_SIMD>(ty, this.k, this.width, col0, n, &mut rows_buf);
+                    KChunk::Decoded(&rows_buf)
+                };
+                // SAFETY: a tile chunk only when `AVX512`, true only inside
+                // `attend_runs_avx512` after runtime detection of AVX-512 F and F16C.
+                unsafe { scores_chunk(chunk, &q_f32, head_dim, n, scale, scores, n_ctx, j0) };
             }
             i0 += n;
             j0 += n;
@@ -902,7 +1063,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`.
     for (h, s) in scores.chunks_exact_mut(n_ctx).enumerate() {
         let s = &mut s[..row_len(h)];
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let max = max_f32(s);
         for x in s.iter_mut() {
             *x = crate::math::exp(*x - max);
         }
@@ -930,6 +1091,32 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         let mut i0 = 0;
         while i0 < rows {
             let n = (rows - i0).min(CHUNK_ROWS);
+            #[cfg(target_arch = "x86_64")]
+            if AVX512 && ty != KvType::Q8_0 && head_dim.is_multiple_of(16) {
+                // Straight from the cache, a query's heads four at a time (they share their
+                // positions).
+                let mut h = 0;
+                while h < heads {
+                    let query_end = (h / per_query + 1) * per_query;
+                    let pass = (query_end - h).min(AVX512_V_HEADS_PER_PASS);
+                    // Rows past the heads' own positions are not theirs to accumulate.
+                    let n = n.min(row_len(h).saturating_sub(j0));
+                    if n > 0 {
+                        let oh = &mut out[h * head_dim..(h + pass) * head_dim];
+                        let w = &scores[h * n_ctx + j0..];
+                        let v = &v[i0 * stride..];
+                        // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, after
+                        // runtime detection of AVX-512 F and F16C; `ty` is f32 or f16 and
+                        // `head_dim` a multiple of 16; the run holds rows `i0..i0 + n` and
+                        // `scores` each head's `n_ctx` weights.
+                        unsafe { accumulate_tile_avx512(ty, oh, head_dim, w, n_ctx, n, v, stride) };
+                    }
+                    h += pass;
+                }
+                i0 += n;
+                j0 += n;
+                continue;
+            }
             let buf = &mut rows_buf[..n * head_dim];
             for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
                 let at = (i0 + i) * stride;
@@ -938,19 +1125,10 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
             for h in 0..heads {
                 // Rows past the head's own positions are not its to accumulate.
                 let n = n.min(row_len(h).saturating_sub(j0));
-                if n == 0 {
-                    continue;
+                if n > 0 {
+                    let w = &scores[h * n_ctx + j0..h * n_ctx + j0 + n];
+                    accumulate_rows(&mut out[h * head_dim..(h + 1) * head_dim], w, buf);
                 }
-                let oh = &mut out[h * head_dim..(h + 1) * head_dim];
-                let w = &scores[h * n_ctx + j0..h * n_ctx + j0 + n];
-                #[cfg(target_arch = "x86_64")]
-                if AVX512 && head_dim.is_multiple_of(16) {
-                    // SAFETY: `AVX512` is true only inside `attend_runs_avx512` (AVX-512 F
-                    // detected); `buf` holds `n = w.len()` rows of `head_dim` values.
-                    unsafe { accumulate_avx512(oh, w, buf) };
-                    continue;
-                }
-                accumulate_rows(oh, w, buf);
             }
             i0 += n;
             j0 += n;
@@ -969,7 +1147,8 @@ pub struct ContiguousKv {
     row_bytes: usize,
     capacity: usize,
     len: usize,
-    /// Per layer: K then V, each `capacity × kv_heads` rows, position-major.
+    /// Per layer: K, tiles of [`CHUNK_ROWS`] positions, each one tile per KV head (see
+    /// [`KvType::k_in_columns`]); then V, `capacity × kv_heads` rows, position-major.
     layers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -986,7 +1165,8 @@ impl ContiguousKv {
         ty: KvType,
     ) -> Result<ContiguousKv, EngineError> {
         let row_bytes = shape.checked_row_bytes(ty)?;
-        let n = capacity * shape.kv_heads * row_bytes;
+        let v_bytes = capacity * shape.kv_heads * row_bytes;
+        let k_bytes = capacity.next_multiple_of(CHUNK_ROWS) * shape.kv_heads * row_bytes;
         Ok(ContiguousKv {
             shape,
             ty,
@@ -994,7 +1174,7 @@ impl ContiguousKv {
             capacity,
             len: 0,
             layers: (0..shape.layers)
-                .map(|_| (vec![0; n], vec![0; n]))
+                .map(|_| (vec![0; k_bytes], vec![0; v_bytes]))
                 .collect(),
         })
     }
@@ -1024,12 +1204,21 @@ impl KvCache for ContiguousKv {
     }
 
     fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
-        let (hd, rb) = (self.shape.head_dim, self.row_bytes);
+        let (hd, rb, heads) = (self.shape.head_dim, self.row_bytes, self.shape.kv_heads);
+        let tile_bytes = CHUNK_ROWS * rb;
         let (ks, vs) = &mut self.layers[layer];
-        let at = start * self.shape.kv_heads * rb;
+        let at = start * heads * rb;
         for (i, (ksrc, vsrc)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let (pos, head) = (start + i / heads, i % heads);
+            let tile = (pos / CHUNK_ROWS * heads + head) * tile_bytes;
+            encode_k(
+                self.ty,
+                ksrc,
+                &mut ks[tile..tile + tile_bytes],
+                CHUNK_ROWS,
+                pos % CHUNK_ROWS,
+            );
             let d = at + i * rb;
-            encode_row(self.ty, ksrc, &mut ks[d..d + rb]);
             encode_row(self.ty, vsrc, &mut vs[d..d + rb]);
         }
     }
@@ -1038,7 +1227,7 @@ impl KvCache for ContiguousKv {
         self.len = len;
     }
 
-    /// [`attend_runs`] over `positions`, one run.
+    /// The shared attention kernel over `positions`, one run per K tile.
     fn attend_queries(
         &self,
         layer: usize,
@@ -1051,21 +1240,31 @@ impl KvCache for ContiguousKv {
         scores: &mut [f32],
     ) {
         let (ks, vs) = &self.layers[layer];
-        let stride = self.shape.kv_heads * self.row_bytes;
-        let at = positions.start * stride + kv_head * self.row_bytes;
+        let (rb, heads) = (self.row_bytes, self.shape.kv_heads);
+        let (stride, tile_bytes) = (heads * rb, CHUNK_ROWS * rb);
         assert!(!positions.is_empty(), "attention over no positions");
-        // The run's bytes end with its last row (the prefetch covers exactly them).
-        let end = at + (positions.len() - 1) * stride + self.row_bytes;
-        let run = |_| RowRun {
-            k: &ks[at..end],
-            v: &vs[at..end],
-            rows: positions.len(),
-            stride,
+        let first_tile = positions.start / CHUNK_ROWS;
+        let last_tile = (positions.end - 1) / CHUNK_ROWS;
+        let run = |r: usize| {
+            let t = first_tile + r;
+            let lo = positions.start.saturating_sub(t * CHUNK_ROWS);
+            let hi = (positions.end - t * CHUNK_ROWS).min(CHUNK_ROWS);
+            let k = (t * heads + kv_head) * tile_bytes;
+            // V's bytes end with the run's last row (the prefetch covers exactly them).
+            let v = (t * CHUNK_ROWS + lo) * stride + kv_head * rb;
+            RowRun {
+                k: &ks[k..k + tile_bytes],
+                width: CHUNK_ROWS,
+                first: lo,
+                v: &vs[v..v + (hi - lo - 1) * stride + rb],
+                rows: hi - lo,
+                stride,
+            }
         };
         attend_runs(
             self.ty,
             self.shape.head_dim,
-            1,
+            last_tile - first_tile + 1,
             run,
             q,
             queries,
@@ -1077,7 +1276,7 @@ impl KvCache for ContiguousKv {
     }
 
     fn allocated_bytes(&self) -> usize {
-        2 * self.shape.layers * self.capacity * self.shape.kv_heads * self.row_bytes
+        self.layers.iter().map(|(k, v)| k.len() + v.len()).sum()
     }
 }
 
@@ -1178,7 +1377,7 @@ mod tests {
 
     #[test]
     fn every_instruction_set_build_computes_the_same_bits() {
-        let n = 77;
+        let n: usize = 77;
         // 20: rows that are not a multiple of the 8 values F16C converts at once; 40: scores
         // 16 positions at a time (AVX-512) but V rows not a multiple of 16 values; 256: the
         // widest heads.
@@ -1192,38 +1391,49 @@ mod tests {
             (256, KvType::F16),
             (256, KvType::F32),
         ];
-        for (head_dim, ty) in cases {
+        // K tiles as wide as the caches' (16 positions) or narrower (8: a paged cache's
+        // smaller blocks), attended from the first position or from inside a tile (a sliding
+        // window): K columns read in place or decoded first, through every build.
+        let layouts = [(16, 0), (16, 5), (8, 3)];
+        for ((head_dim, ty), (width, start)) in cases
+            .into_iter()
+            .flat_map(|c| layouts.into_iter().map(move |l| (c, l)))
+        {
             let rb = ty.row_bytes(head_dim).unwrap();
-            let mut k = vec![0u8; n * rb];
+            // K in tiles of `width` positions, V in rows.
+            let tile_bytes = width * rb;
+            let mut k = vec![0u8; n.next_multiple_of(width) * rb];
             let mut v = vec![0u8; n * rb];
-            for (i, (kr, vr)) in k
-                .chunks_exact_mut(rb)
-                .zip(v.chunks_exact_mut(rb))
-                .enumerate()
-            {
+            for (i, vr) in v.chunks_exact_mut(rb).enumerate() {
                 let row: Vec<f32> = (0..head_dim)
                     .map(|j| (((i * 31 + j * 7) % 41) as f32 - 20.0) * 0.09)
                     .collect();
-                encode_row(ty, &row, kr);
+                let tile = &mut k[i / width * tile_bytes..(i / width + 1) * tile_bytes];
+                encode_k(ty, &row, tile, width, i % width);
                 let row: Vec<f32> = row.iter().map(|x| x * -0.7 + 0.1).collect();
                 encode_row(ty, &row, vr);
             }
+            // Positions `start..n`, one run per tile.
             let run = |r: usize| {
-                let rows = (n - r * 16).min(16);
-                let at = r * 16 * rb;
+                let t = start / width + r;
+                let lo = if r == 0 { start % width } else { 0 };
+                let hi = (n - t * width).min(width);
                 RowRun {
-                    k: &k[at..at + rows * rb],
-                    v: &v[at..at + rows * rb],
-                    rows,
+                    k: &k[t * tile_bytes..(t + 1) * tile_bytes],
+                    width,
+                    first: lo,
+                    v: &v[(t * width + lo) * rb..(t * width + hi) * rb],
+                    rows: hi - lo,
                     stride: rb,
                 }
             };
+            let n_ctx = n - start;
+            let runs = (n - 1) / width - start / width + 1;
             let q: Vec<f32> = (0..5 * head_dim)
                 .map(|i| ((i % 13) as f32 - 6.0) * 0.3)
                 .collect();
-            let mut scores = vec![0.0; 5 * n];
+            let mut scores = vec![0.0; 5 * n_ctx];
             let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
-            let runs = n.div_ceil(16);
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             // One query of five heads, then five causal queries of one head each.
             for queries in [1, 5] {
@@ -1237,7 +1447,7 @@ mod tests {
                             run,
                             &q,
                             queries,
-                            n,
+                            n_ctx,
                             0.125,
                             $out,
                             &mut scores,
@@ -1246,7 +1456,7 @@ mod tests {
                 }
                 attend_with!(attend_runs, &mut a);
                 attend_with!(attend_runs_any::<false, false, _>, &mut b);
-                let what = format!("{ty:?} {head_dim} ×{queries}");
+                let what = format!("{ty:?} {head_dim} ×{queries}, tiles of {width} from {start}");
                 assert_eq!(bits(&a), bits(&b), "{what}: the detected build");
                 #[cfg(target_arch = "x86_64")]
                 if x86_attention_builds() {
@@ -1305,6 +1515,74 @@ mod tests {
                         bits(&alone),
                         "{ty:?}: query {i} of {queries}, n_ctx {n_ctx}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Attention through the caches (K in columns) against a plain f64 computation from the
+    /// values the caches hold, over a range starting inside a tile (a sliding window): a wrong
+    /// column, position or weight shows far above the f32 rounding allowed here.
+    #[test]
+    fn attention_equals_a_plain_softmax_over_the_cached_values() {
+        let shape = KvShape {
+            layers: 1,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let (n, heads) = (70, 3);
+        let k: Vec<f32> = (0..n * shape.kv_len())
+            .map(|i| ((i * 7 % 29) as f32 - 14.0) * 0.05)
+            .collect();
+        let v: Vec<f32> = (0..n * shape.kv_len())
+            .map(|i| ((i * 5 % 31) as f32 - 15.0) * 0.07)
+            .collect();
+        let q: Vec<f32> = (0..heads * 64)
+            .map(|i| ((i * 3 % 17) as f32 - 8.0) * 0.2)
+            .collect();
+        for ty in [KvType::F32, KvType::F16] {
+            // What the cache holds (f16 rounds K, V and, for the products, the query).
+            let held = |x: f32| if ty == KvType::F16 { round_f16(x) } else { x };
+            let mut contiguous = ContiguousKv::new(shape, n, ty);
+            let config = crate::PagedKvConfig::new(1 << 20);
+            let pool = crate::PagedKvPool::new(shape, ty, &config).unwrap();
+            let mut paged = crate::PagedKv::new_sequence(&pool, None);
+            for cache in [&mut contiguous as &mut dyn KvCache, &mut paged] {
+                cache.reserve(n).unwrap();
+                cache.store(0, 0, &k, &v);
+                cache.set_len(n);
+                for positions in [0..n, 21..n, 5..38] {
+                    let mut out = vec![0.0; heads * 64];
+                    let mut scores = vec![0.0; heads * n];
+                    cache.attend(0, 1, &q, positions.clone(), 0.125, &mut out, &mut scores);
+                    for h in 0..heads {
+                        let value =
+                            |x: &[f32], p: usize, d: usize| f64::from(held(x[p * 128 + 64 + d]));
+                        let logits: Vec<f64> = positions
+                            .clone()
+                            .map(|p| {
+                                (0..64)
+                                    .map(|d| f64::from(held(q[h * 64 + d])) * value(&k, p, d))
+                                    .sum::<f64>()
+                                    * 0.125
+                            })
+                            .collect();
+                        let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+                        let e: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+                        let total: f64 = e.iter().sum();
+                        for d in 0..64 {
+                            let want: f64 = positions
+                                .clone()
+                                .zip(&e)
+                                .map(|(p, w)| w / total * value(&v, p, d))
+                                .sum();
+                            let got = f64::from(out[h * 64 + d]);
+                            assert!(
+                                (got - want).abs() < 2e-3,
+                                "{ty:?} {positions:?} head {h} value {d}: {got} vs {want}"
+                            );
+                        }
+                    }
                 }
             }
         }

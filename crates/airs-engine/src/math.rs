@@ -1,12 +1,13 @@
 //! Elementwise math the forward pass applies to every activation: an `exp` in plain f32
 //! arithmetic that the compiler vectorizes (libm's `expf` is a call per element), used by the
-//! attention softmax, SiLU and GELU.
+//! attention softmax; SiLU and GELU, also here, keep libm's `expf` (see [`silu`]).
 //!
 //! Method (Cody–Waite, as Cephes and ggml's `ggml_v_expf`): x = n·ln 2 + r with n the nearest
-//! integer to x·log2 e (rounded by adding and subtracting 1.5·2^23, which SSE2 vectorizes) and
-//! |r| ≤ ln 2 / 2, ln 2 split in two so that n·LN2_HI is exact; e^r by its degree-7 Taylor
-//! polynomial (truncation below 1e-8 relative); 2^n applied through the exponent bits in two
-//! halves so that every n in [−126, 128] stays a normal scale. Relative error below 4 ulp
+//! integer to x·log2 e (rounded by adding and subtracting 1.5·2^23, which SSE2 vectorizes; the
+//! integer read from the sum's mantissa bits) and |r| ≤ ln 2 / 2, ln 2 split in two so that
+//! n·LN2_HI is exact; e^r by its degree-7 Taylor polynomial (truncation below 1e-8 relative);
+//! 2^n applied through the exponent bits in two halves so that every n in [−126, 128] stays a
+//! normal scale. Relative error below 4 ulp
 //! (tested against f64 over the whole range); x is clamped to [−87.33, 89], so results
 //! underflow to ~1.2e−38 and overflow to infinity as e^x does. No operation is fused or
 //! reordered, so every instruction-set build computes the same bits.
@@ -21,7 +22,8 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 − LN2_HI
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: t + ROUND − ROUND rounds t to an integer
     let x = x.clamp(-87.33, 89.0);
-    let n = (x * LOG2_E + ROUND) - ROUND;
+    let shifted = x * LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.0 / 5040.0;
     for c in [
@@ -36,7 +38,9 @@ pub(crate) fn exp(x: f32) -> f32 {
         p = p * r + c;
     }
     // 2^n = 2^a · 2^b with a, b ∈ [−63, 64]: both normal floats.
-    let n = n as i32;
+    // n as an integer: `shifted` is 1.5·2^23 + n, whose low mantissa bits hold n (|n| ≤ 130).
+    // (An `as i32` cast saturates and maps NaN, which the compiler does lane by lane.)
+    let n = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
     let a = n >> 1;
     let b = n - a;
     let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);

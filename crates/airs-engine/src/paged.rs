@@ -13,8 +13,9 @@
 //!
 //! Block layout: a block holds `tokens_per_block` positions of K and V for every layer (see
 //! [`airs_memory::kv_pool`] for why). Inside it the rows of one (layer, K or V, KV head) are
-//! contiguous — `[layer][K, V][kv_head][position in block][head row]` — so attention reads one
-//! contiguous run of `tokens_per_block` rows per block and KV head, decodes it once for all the
+//! contiguous — `[layer][K, V][kv_head][tile]`, where V's tile is its rows in position order and
+//! K's holds them in columns (value `d` of every position together, [`KvType::k_in_columns`]) —
+//! so attention reads one contiguous run per block and KV head, decodes it once for all the
 //! query heads of the group, and moves on; the block table is consulted once per run, and the
 //! next block's run is prefetched while the current one is computed (a jump between blocks
 //! otherwise costs the hardware prefetcher its stream: ~12% of attention time at 2K context
@@ -32,7 +33,7 @@ use airs_memory::{
 };
 
 use crate::error::{EngineError, EngineErrorKind};
-use crate::kv::{KvCache, KvShape, KvType, RowRun, attend_runs, encode_row};
+use crate::kv::{KvCache, KvShape, KvType, RowRun, attend_runs, encode_k, encode_row};
 
 /// How to build a [`PagedKvPool`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -287,12 +288,9 @@ impl KvCache for PagedKv {
                 let src = (p - start) * kv_len;
                 let row = (p % tpb) * rb;
                 for h in 0..l.kv_heads {
-                    let (s, ko, vo) = (
-                        src + h * hd,
-                        l.run(layer, 0, h) + row,
-                        l.run(layer, 1, h) + row,
-                    );
-                    encode_row(l.ty, &k[s..s + hd], &mut block[ko..ko + rb]);
+                    let (s, ko, vo) = (src + h * hd, l.run(layer, 0, h), l.run(layer, 1, h) + row);
+                    let tile = &mut block[ko..ko + l.run_bytes];
+                    encode_k(l.ty, &k[s..s + hd], tile, tpb, p % tpb);
                     encode_row(l.ty, &v[s..s + hd], &mut block[vo..vo + rb]);
                 }
             }
@@ -304,7 +302,7 @@ impl KvCache for PagedKv {
         self.table.commit(len);
     }
 
-    /// [`attend_runs`] over the blocks holding `positions`, one run per block.
+    /// The shared attention kernel over the blocks holding `positions`, one run per block.
     fn attend_queries(
         &self,
         layer: usize,
@@ -330,7 +328,9 @@ impl KvCache for PagedKv {
             let lo = positions.start.saturating_sub(b * tpb);
             let hi = (positions.end - b * tpb).min(tpb);
             RowRun {
-                k: &block[ko + lo * rb..ko + hi * rb],
+                k: &block[ko..ko + l.run_bytes],
+                width: tpb,
+                first: lo,
                 v: &block[vo + lo * rb..vo + hi * rb],
                 rows: hi - lo,
                 stride: rb,

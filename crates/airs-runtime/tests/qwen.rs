@@ -47,24 +47,25 @@ fn qwen_sessions_rebuild_to_identical_replies() {
 /// against itself with f16 instead of f32 KV gives a mean of 0.00087 by this formula and 98.1%
 /// top-1 agreement; ik_llama.cpp against llama.cpp 0.00084 and 98.1%.
 ///
-/// Held here: mean KLD ≤ 0.0010 and perplexity within 1% of the reference's with both KV
-/// types; top-1 agreement ≥ 98.0% with f32 KV and ≥ 97.5% with f16 KV. Measured (2026-12-01):
-/// f16 0.000799, 97.75% (the 98.0% is 3 positions short: 39 reference positions have
-/// their two best tokens within 1% of probability, and airs's mean |Δp| is 0.007), perplexity
-/// 13.091 vs 13.059; f32 0.000830, 98.82%, 13.061 vs 13.071. Every disagreement is a near-tie
-/// of the reference: where airs's top token differs, llama.cpp preferred its own by at most
-/// 0.211 nats with f16 KV (median 0.034, 23 positions) and 0.104 with f32 (12) — held at the
-/// greedy tests' near-tie margin, 0.3; a wrong computation disagrees where the reference is sure.
+/// Held here, the targets: mean KLD ≤ 0.0010, top-1 agreement ≥ 98.0% and perplexity
+/// within 1% of the reference's, with both KV types. Measured (2026-12-02, K cached in columns,
+/// each score two multiply-add chains): f16 0.000827, 98.24%, perplexity 13.055 vs 13.059; f32
+/// 0.000840, 98.73%, 13.069 vs 13.071. The margin is a few positions: with the earlier score
+/// order (eight chains per row) f16 gave 0.000799 and 97.75%, since 39 reference positions have
+/// their two best tokens within 1% of probability and summation order decides them. Every
+/// disagreement is such a near-tie of the reference (llama.cpp preferred its own token by at
+/// most 0.115 nats with f16 KV, 18 positions, and 0.214 with f32, 13) — held at the greedy
+/// tests' near-tie margin, 0.3; a wrong computation disagrees where the reference is sure.
 #[test]
 fn qwen_next_token_distributions_match_llama_cpp_on_the_design_text() {
     use airs_engine::KvType;
     let model = LoadedModel::open(&airs_testdata::qwen_path(), 2).unwrap();
-    for (kv_type, min_top1) in [(KvType::F16, 0.975), (KvType::F32, 0.980)] {
+    for kv_type in [KvType::F16, KvType::F32] {
         let stem = format!("qwen2.5-coder-0.5b-q4km.kld-design.kv{}", kv_type.name());
         let k = common::design_text_divergence(&model, &stem, 512, 4, kv_type, true);
         assert!(k.mean <= 0.0010, "{stem}: mean KLD {}", k.mean);
         assert!(
-            k.top1_agreement >= min_top1,
+            k.top1_agreement >= 0.980,
             "{stem}: top-1 {}",
             k.top1_agreement
         );

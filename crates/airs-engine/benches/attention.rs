@@ -1,0 +1,109 @@
+//! Decode attention through the paged KV cache the product uses, single thread: one query's
+//! heads of one KV group against `context` cached positions of one layer, in ns per position
+//! and GB/s of K/V bytes read. Shapes of the real files (head_dim, query heads per KV head):
+//! TinyLlama 1.1B (64, 8), Qwen2.5 0.5B (64, 7), Gemma 3 270M (256, 4).
+//!
+//! The cache holds several layers so that a layer's rows are not in cache from the previous
+//! call (each call visits the next layer, as a decode step does).
+//!
+//! `cargo bench -p airs-engine --bench attention [-- FILTER...]` (a case runs if its label
+//! contains every FILTER word, e.g. `tinyllama f16 2048`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use airs_engine::{KvCache, KvShape, KvType, PagedKv, PagedKvConfig, PagedKvPool};
+
+/// (name, head_dim, query heads per KV head).
+const SHAPES: [(&str, usize, usize); 3] =
+    [("tinyllama", 64, 8), ("qwen2.5", 64, 7), ("gemma3", 256, 4)];
+
+/// Layers cycled through (the cache far exceeds L2 at long contexts, as in a real step).
+const LAYERS: usize = 16;
+
+fn floats(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
+    println!(
+        "{:<36} {:>10} {:>10} {:>8}",
+        "case (single thread)", "µs/call", "ns/pos", "GB/s"
+    );
+    for (name, head_dim, group) in SHAPES {
+        for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
+            for context in [256usize, 2048, 8192] {
+                let label = format!("{name} {} {context}", ty.name());
+                if !wanted(&label) {
+                    continue;
+                }
+                let shape = KvShape {
+                    layers: LAYERS,
+                    kv_heads: 1,
+                    head_dim,
+                };
+                let row_bytes = ty.row_bytes(head_dim).unwrap();
+                let pool_bytes = 2 * LAYERS * (context + 16) * row_bytes;
+                let pool = PagedKvPool::new(shape, ty, &PagedKvConfig::new(pool_bytes)).unwrap();
+                let mut kv = PagedKv::new_sequence(&pool, None);
+                kv.reserve(context).unwrap();
+                for layer in 0..LAYERS {
+                    let k = floats(context * head_dim, 2 * layer as u64);
+                    let v = floats(context * head_dim, 2 * layer as u64 + 1);
+                    kv.store(layer, 0, &k, &v);
+                }
+                kv.set_len(context);
+                let q = floats(group * head_dim, 99);
+                let mut out = vec![0f32; group * head_dim];
+                let mut scores = vec![0f32; group * context];
+                let scale = 1.0 / (head_dim as f32).sqrt();
+                let mut layer = 0;
+                let mut call = || {
+                    kv.attend(
+                        layer,
+                        0,
+                        black_box(&q),
+                        0..context,
+                        scale,
+                        &mut out,
+                        &mut scores,
+                    );
+                    layer = (layer + 1) % LAYERS;
+                };
+                call();
+                let mut best = f64::INFINITY;
+                let start = Instant::now();
+                let mut calls = 0;
+                while start.elapsed() < Duration::from_millis(400) || calls < 3 * LAYERS {
+                    let t = Instant::now();
+                    for _ in 0..LAYERS {
+                        call();
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() / LAYERS as f64);
+                    calls += LAYERS;
+                }
+                black_box(&out);
+                let bytes = 2 * context * row_bytes;
+                println!(
+                    "{label:<36} {:>10.2} {:>10.1} {:>8.2}",
+                    best * 1e6,
+                    best * 1e9 / context as f64,
+                    bytes as f64 / best / 1e9
+                );
+            }
+        }
+    }
+}
