@@ -20,8 +20,9 @@
 //! ([`KvType::k_in_columns`]), so that the scores of 16 positions accumulate in the 16 lanes of
 //! a register straight from the cache, one load per value — in rows, each score is a dot
 //! product whose 16 lanes must be summed across, or the rows transposed first (the previous
-//! kernel gathered them: three times slower). Each score is two fused multiply-add chains in
-//! value order (even and odd values), the same in every build.
+//! kernel gathered them; as a whole it was 2.1-3.0× slower with f16/f32: BENCHMARKS.md). Each
+//! score is two fused multiply-add chains in value order (even and odd values), the same in
+//! every build.
 //!
 //! Element types, chosen to match llama.cpp's CPU kernels:
 //! - `f32`: everything in f32.
@@ -1012,7 +1013,8 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     }
     let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
 
-    // Scores, up to 16 positions at a time: decode their K values once, then every head.
+    // Scores, up to 16 positions at a time for every head: K read in place (AVX-512, whole
+    // 16-column chunks) or decoded once per chunk.
     let mut j0 = 0;
     for r in 0..runs {
         let this = run(r);
