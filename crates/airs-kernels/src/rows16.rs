@@ -610,17 +610,53 @@ mod q4k {
                             lo[k] = _mm512_and_si512(v, low);
                             hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                         }
-                        for (a, is) in acts.iter().zip(isum.iter_mut()) {
-                            let y = a
-                                .blocks
-                                .get_unchecked(b)
-                                .as_ptr()
-                                .add(4 + 64 * j)
-                                .cast::<i32>();
-                            // Four chains of four `vpdpbusd` (its 5-cycle latency hidden
-                            // inside one token): each sums 16 values, |Σ q·y| ≤ 16·15·128
-                            // fits i16, so `vpdpwssd` against the scale (an i16 pair (sc, 0))
-                            // applies it exactly, in place of `vpmulld` (2 µops, 10 cycles).
+                        // Tokens in pairs: eight independent `vpdpbusd` chains in flight
+                        // (four per token, each four deep: its 5-cycle latency hidden), so
+                        // the two ports that run them stay busy; an odd last token alone.
+                        // Each chain sums 16 values, |Σ q·y| ≤ 16·15·128 fits i16, so
+                        // `vpdpwssd` against the scale (an i16 pair (sc, 0)) applies it
+                        // exactly, in place of `vpmulld` (2 µops, 10 cycles).
+                        // (Macros, not closures: a closure's body does not inherit the
+                        // function's target features, and its intrinsics become calls.)
+                        macro_rules! y_of {
+                            ($t:expr) => {
+                                acts.get_unchecked($t)
+                                    .blocks
+                                    .get_unchecked(b)
+                                    .as_ptr()
+                                    .add(4 + 64 * j)
+                                    .cast::<i32>()
+                            };
+                        }
+                        let (sc_lo, sc_hi) = (sc[2 * j], sc[2 * j + 1]);
+                        macro_rules! apply {
+                            ($is:expr, $s:expr) => {{
+                                let v = _mm512_dpwssd_epi32($is, $s[0], sc_lo);
+                                let v = _mm512_dpwssd_epi32(v, $s[1], sc_lo);
+                                let v = _mm512_dpwssd_epi32(v, $s[2], sc_hi);
+                                _mm512_dpwssd_epi32(v, $s[3], sc_hi)
+                            }};
+                        }
+                        for t in (0..T - T % 2).step_by(2) {
+                            let (y0, y1) = (y_of!(t), y_of!(t + 1));
+                            let mut s0 = [_mm512_setzero_si512(); 4];
+                            let mut s1 = [_mm512_setzero_si512(); 4];
+                            for k in 0..8 {
+                                let c = k % 2;
+                                let b0 = _mm512_set1_epi32(y0.add(k).read_unaligned());
+                                let b1 = _mm512_set1_epi32(y1.add(k).read_unaligned());
+                                s0[c] = _mm512_dpbusd_epi32(s0[c], lo[k], b0);
+                                s1[c] = _mm512_dpbusd_epi32(s1[c], lo[k], b1);
+                                let h0 = _mm512_set1_epi32(y0.add(8 + k).read_unaligned());
+                                let h1 = _mm512_set1_epi32(y1.add(8 + k).read_unaligned());
+                                s0[2 + c] = _mm512_dpbusd_epi32(s0[2 + c], hi4[k], h0);
+                                s1[2 + c] = _mm512_dpbusd_epi32(s1[2 + c], hi4[k], h1);
+                            }
+                            isum[t] = apply!(isum[t], s0);
+                            isum[t + 1] = apply!(isum[t + 1], s1);
+                        }
+                        if T % 2 == 1 {
+                            let y = y_of!(T - 1);
                             let mut s = [_mm512_setzero_si512(); 4];
                             for k in 0..8 {
                                 let y1 = _mm512_set1_epi32(y.add(k).read_unaligned());
@@ -628,10 +664,7 @@ mod q4k {
                                 s[k % 2] = _mm512_dpbusd_epi32(s[k % 2], lo[k], y1);
                                 s[2 + k % 2] = _mm512_dpbusd_epi32(s[2 + k % 2], hi4[k], y2);
                             }
-                            let mut v = _mm512_dpwssd_epi32(*is, s[0], sc[2 * j]);
-                            v = _mm512_dpwssd_epi32(v, s[1], sc[2 * j]);
-                            v = _mm512_dpwssd_epi32(v, s[2], sc[2 * j + 1]);
-                            *is = _mm512_dpwssd_epi32(v, s[3], sc[2 * j + 1]);
+                            isum[T - 1] = apply!(isum[T - 1], s);
                         }
                     }
                     for ((a, is), ft) in acts.iter().zip(isum.iter()).zip(f.iter_mut()) {
