@@ -637,33 +637,33 @@ mod q4k {
                                 _mm512_dpwssd_epi32(v, $s[3], sc_hi)
                             }};
                         }
+                        // The four chains of each of the `$n` tokens of `$ys` (activation codes at
+                        // sub-block j), the tokens' `vpdpbusd` interleaved.
+                        macro_rules! chains {
+                            ($n:literal, $ys:expr) => {{
+                                let ys: [*const i32; $n] = $ys;
+                                let mut s = [[_mm512_setzero_si512(); 4]; $n];
+                                for k in 0..8 {
+                                    for (y, s) in ys.iter().zip(s.iter_mut()) {
+                                        let lo_y = _mm512_set1_epi32(y.add(k).read_unaligned());
+                                        s[k % 2] = _mm512_dpbusd_epi32(s[k % 2], lo[k], lo_y);
+                                    }
+                                    for (y, s) in ys.iter().zip(s.iter_mut()) {
+                                        let hi_y = _mm512_set1_epi32(y.add(8 + k).read_unaligned());
+                                        s[2 + k % 2] =
+                                            _mm512_dpbusd_epi32(s[2 + k % 2], hi4[k], hi_y);
+                                    }
+                                }
+                                s
+                            }};
+                        }
                         for t in (0..T - T % 2).step_by(2) {
-                            let (y0, y1) = (y_of!(t), y_of!(t + 1));
-                            let mut s0 = [_mm512_setzero_si512(); 4];
-                            let mut s1 = [_mm512_setzero_si512(); 4];
-                            for k in 0..8 {
-                                let c = k % 2;
-                                let b0 = _mm512_set1_epi32(y0.add(k).read_unaligned());
-                                let b1 = _mm512_set1_epi32(y1.add(k).read_unaligned());
-                                s0[c] = _mm512_dpbusd_epi32(s0[c], lo[k], b0);
-                                s1[c] = _mm512_dpbusd_epi32(s1[c], lo[k], b1);
-                                let h0 = _mm512_set1_epi32(y0.add(8 + k).read_unaligned());
-                                let h1 = _mm512_set1_epi32(y1.add(8 + k).read_unaligned());
-                                s0[2 + c] = _mm512_dpbusd_epi32(s0[2 + c], hi4[k], h0);
-                                s1[2 + c] = _mm512_dpbusd_epi32(s1[2 + c], hi4[k], h1);
-                            }
+                            let [s0, s1] = chains!(2, [y_of!(t), y_of!(t + 1)]);
                             isum[t] = apply!(isum[t], s0);
                             isum[t + 1] = apply!(isum[t + 1], s1);
                         }
                         if T % 2 == 1 {
-                            let y = y_of!(T - 1);
-                            let mut s = [_mm512_setzero_si512(); 4];
-                            for k in 0..8 {
-                                let y1 = _mm512_set1_epi32(y.add(k).read_unaligned());
-                                let y2 = _mm512_set1_epi32(y.add(8 + k).read_unaligned());
-                                s[k % 2] = _mm512_dpbusd_epi32(s[k % 2], lo[k], y1);
-                                s[2 + k % 2] = _mm512_dpbusd_epi32(s[2 + k % 2], hi4[k], y2);
-                            }
+                            let [s] = chains!(1, [y_of!(T - 1)]);
                             isum[T - 1] = apply!(isum[T - 1], s);
                         }
                     }
