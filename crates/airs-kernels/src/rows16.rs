@@ -34,10 +34,17 @@
 //! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. Kernels: AVX-512 VNNI ([`fast`]); elsewhere a repacked group is
-//! unpacked into a buffer and multiplied by the GGUF-layout kernels.
+//! token stay in registers. The k-quant layouts are read in address order and left to the
+//! hardware prefetchers: software prefetches (`prefetcht0` of every line some KiB ahead) cost a
+//! third of their one-token rate from DRAM (BENCHMARKS.md); the legacy kernel keeps its own. Kernels ([`fast`]): AVX-512 VNNI (`mod x86`)
+//! and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no aarch64
+//! hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not repack,
+//! and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// Rows per group.
 pub const GROUP_ROWS: usize = 16;
@@ -77,7 +84,11 @@ pub fn fast(isa: Isa, ty: GgmlType) -> bool {
     {
         has_layout(ty) && crate::legacy::has_avx512_vnni(isa)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        has_layout(ty) && crate::legacy::has_neon_dotprod(isa)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (isa, ty);
         false
@@ -446,6 +457,18 @@ pub fn matmul_rows(
         }
         return Ok(());
     }
+    #[cfg(target_arch = "aarch64")]
+    if fast(isa, ty) {
+        assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
+        for t0 in (0..tokens).step_by(neon::MAX_TOKENS) {
+            let t1 = (t0 + neon::MAX_TOKENS).min(tokens);
+            // SAFETY: `fast` checked NEON and the dot-product extension; the geometry is
+            // checked above (whole groups, whole activation rows, an output row of at least
+            // `rows` values per activation row) and the terms cover every row (asserted).
+            unsafe { neon::run(w, acts, t0..t1, &mut outs[t0..t1]) };
+        }
+        return Ok(());
+    }
     // Elsewhere: unpack each group and run the GGUF-layout kernels of `isa`.
     let row_bytes = group_bytes / GROUP_ROWS;
     let mut natural = vec![0u8; group_bytes];
@@ -521,11 +544,9 @@ mod q4k {
         use std::arch::x86_64::*;
 
         use super::GROUP_BLOCK;
-        use crate::rows16::x86::{KquantGroup, Q8kAct, prefetch};
+        use crate::rows16::x86::{KquantGroup, Q8kAct};
 
         crate::rows16::x86::kquant_kernel!();
-        /// Prefetch distance of the group stream.
-        const PREFETCH_AHEAD: usize = 4096;
 
         /// One group of `nb` superblocks; `f[t]` the 16 row dots with activation row `t`. Per
         /// superblock, the scalar reference's integers `isum = Σ sc·sumi` and
@@ -547,10 +568,9 @@ mod q4k {
             let p = group.as_ptr();
             for b in 0..nb {
                 // SAFETY: superblock b of the group spans [2304·b, 2304·(b+1)) of `group`
-                // (caller); prefetches are hints and never fault.
+                // (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    prefetch(blk, GROUP_BLOCK, PREFETCH_AHEAD);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
                     // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
@@ -689,30 +709,43 @@ mod q4k {
 
 /// Q6_K in the rows16 layout. Per superblock of 256 values the 16 rows' 210-byte blocks
 /// become 3,360 bytes: the 16 `d` (f16, 0..32); the 16 int8 sub-block scales of each row `r`
-/// as four u32 at `4r` of four 64-byte planes (plane `p`: scales `4p..4p+4`; 32..288); the low
-/// nibbles (288..2336): for half `h` and chunk `k` (0..16), 64 bytes holding
-/// `ql[64h + 4k ..][..4]` of row `r` at `4r` (low nibbles: values `128h + 4k..+4`, high:
-/// `128h + 64 + 4k..`); the top bits (2336..3360): for half `h` and chunk `k` (0..8), 64 bytes
-/// holding `qh[32h + 4k ..][..4]` of row `r` at `4r` (bit pair `f`: values
-/// `128h + 32f + 4k..+4`).
+/// as four u32 at `4r` of four 64-byte planes (plane `p`: scales `4p..4p+4`; 32..288); then
+/// the codes (288..3360), for half `h` (1,536 bytes each) and `k` in 0..8 a 192-byte record
+/// of three 64-byte chunks, each holding 4 bytes of row `r` at `4r`: `ql[64h + 4k ..]` (low
+/// nibbles: values `128h + 4k..+4`, high: `128h + 64 + 4k..`), `ql[64h + 32 + 4k ..]`
+/// (values `128h + 32 + 4k..`, `128h + 96 + 4k..`) and `qh[32h + 4k ..]` (bit pair `f`:
+/// values `128h + 32f + 4k..+4`). A record gives the codes of all four 32-value quarters of
+/// its half at `4k`, so decoding one token reads the group strictly in address order (which
+/// the hardware prefetchers stream at full rate; reading the `ql` and `qh` planes of an
+/// earlier layout in turn streamed at half of it, BENCHMARKS.md).
 mod q6k {
     use super::GROUP_ROWS;
 
     pub(super) const BLOCK: usize = 210;
     pub(super) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
     pub(super) const SCALES: usize = 32;
-    pub(super) const QL: usize = 288;
-    pub(super) const QH: usize = 2336;
+    /// Where the code records start.
+    const CODES: usize = 288;
 
-    /// (GGUF offset within a block, rows16 offset within a superblock-group, bytes) of every
+    /// Offset in a superblock-group of `ql` chunk `c` (0..16: `ql[64h + 4c ..]`) of half `h`.
+    pub(super) const fn ql(h: usize, c: usize) -> usize {
+        CODES + 1536 * h + 192 * (c % 8) + 64 * (c / 8)
+    }
+
+    /// Offset in a superblock-group of `qh` chunk `k` (0..8: `qh[32h + 4k ..]`) of half `h`.
+    pub(super) const fn qh(h: usize, k: usize) -> usize {
+        CODES + 1536 * h + 192 * k + 128
+    }
+
+    /// (GGUF offset within a block, rows16 offset within a superblock-group) of every
     /// 4-byte piece of row `r`, scales included; the `d` is handled apart.
     fn pieces(r: usize) -> impl Iterator<Item = (usize, usize)> {
         let scales = (0..4).map(move |p| (192 + 4 * p, SCALES + 64 * p + 4 * r));
         let ql = (0..2)
-            .flat_map(|h| (0..16).map(move |k| (64 * h + 4 * k, QL + 1024 * h + 64 * k)))
+            .flat_map(|h| (0..16).map(move |c| (64 * h + 4 * c, ql(h, c))))
             .map(move |(g, d)| (g, d + 4 * r));
         let qh = (0..2)
-            .flat_map(|h| (0..8).map(move |k| (128 + 32 * h + 4 * k, QH + 512 * h + 64 * k)))
+            .flat_map(|h| (0..8).map(move |k| (128 + 32 * h + 4 * k, qh(h, k))))
             .map(move |(g, d)| (g, d + 4 * r));
         scales.chain(ql).chain(qh)
     }
@@ -741,11 +774,93 @@ mod q6k {
     pub(super) mod x86 {
         use std::arch::x86_64::*;
 
-        use super::{GROUP_BLOCK, QH, QL, SCALES};
-        use crate::rows16::x86::{KquantGroup, Q8kAct, prefetch};
+        use super::{GROUP_BLOCK, SCALES, qh, ql};
+        use crate::rows16::x86::{KquantGroup, Q8kAct};
 
         crate::rows16::x86::kquant_kernel!();
-        const PREFETCH_AHEAD: usize = 4096;
+
+        /// Sub-block `t`'s int8 scale, sign-extended, in every row's lane, from the four
+        /// scale planes.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn scales(planes: &[__m512i; 4]) -> [__m512i; 16] {
+            std::array::from_fn(|t| {
+                let up =
+                    _mm512_sll_epi32(planes[t / 4], _mm_cvtsi32_si128((24 - 8 * (t % 4)) as i32));
+                _mm512_srai_epi32::<24>(up)
+            })
+        }
+
+        /// [`superblocks`] for one activation row (decode of one sequence), in the order the
+        /// bytes lie: per half and chunk `k`, the two `ql` chunks `k` and `8 + k` and the `qh`
+        /// chunk `k` are loaded once and give the codes of all four 32-value quarters, which
+        /// feed eight `vpdpbusd` chains (quarter × sub-block). The many-token order (one
+        /// quarter at a time, its codes shared by the tokens) reads `ql` twice and `qh` four
+        /// times per half, out of order, and streamed from DRAM at half the rate for one token
+        /// (BENCHMARKS.md). Same integers, same float step: the same bits.
+        ///
+        /// # Safety
+        /// As [`superblocks`] with one activation row.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn superblocks_one(group: &[u8], nb: usize, a: &Q8kAct<'_>) -> __m512 {
+            let mut f = _mm512_setzero_ps();
+            let low = _mm512_set1_epi8(0x0F);
+            let top = _mm512_set1_epi8(0x30);
+            let p = group.as_ptr();
+            for b in 0..nb {
+                // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group`, and block b of
+                // the activation row is inside it (caller).
+                unsafe {
+                    let blk = p.add(GROUP_BLOCK * b);
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                    let sc = scales(&std::array::from_fn(|q| {
+                        _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
+                    }));
+                    let y = a.blocks.get_unchecked(b).as_ptr().add(4);
+                    let bs = a.bsums.get_unchecked(b);
+                    let mut isum = _mm512_setzero_si512();
+                    for h in 0..2 {
+                        // acc[fq][s]: sub-block 8h + 2fq + s, starting from its offset term.
+                        let mut acc: [[__m512i; 2]; 4] = std::array::from_fn(|fq| {
+                            std::array::from_fn(|s| _mm512_set1_epi32(-32 * bs[8 * h + 2 * fq + s]))
+                        });
+                        for k in 0..8 {
+                            let ql0 = _mm512_loadu_si512(blk.add(ql(h, k)).cast());
+                            let ql1 = _mm512_loadu_si512(blk.add(ql(h, 8 + k)).cast());
+                            let qh = _mm512_loadu_si512(blk.add(qh(h, k)).cast());
+                            let codes = [
+                                (_mm512_and_si512(ql0, low), _mm512_slli_epi16::<4>(qh)),
+                                (_mm512_and_si512(ql1, low), _mm512_slli_epi16::<2>(qh)),
+                                (_mm512_and_si512(_mm512_srli_epi16::<4>(ql0), low), qh),
+                                (
+                                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), low),
+                                    _mm512_srli_epi16::<2>(qh),
+                                ),
+                            ];
+                            for (fq, (nib, hb)) in codes.into_iter().enumerate() {
+                                let c = _mm512_or_si512(nib, _mm512_and_si512(hb, top));
+                                let yk = y.add(128 * h + 32 * fq + 4 * k).cast::<i32>();
+                                let yk = _mm512_set1_epi32(yk.read_unaligned());
+                                acc[fq][k / 4] = _mm512_dpbusd_epi32(acc[fq][k / 4], c, yk);
+                            }
+                        }
+                        for (fq, [s0, s1]) in acc.into_iter().enumerate() {
+                            let t0 = 8 * h + 2 * fq;
+                            let t = _mm512_add_epi32(
+                                _mm512_mullo_epi32(sc[t0], s0),
+                                _mm512_mullo_epi32(sc[t0 + 1], s1),
+                            );
+                            isum = _mm512_add_epi32(isum, t);
+                        }
+                    }
+                    let dy = _mm512_set1_ps(*a.dy.get_unchecked(b));
+                    let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum));
+                    f = _mm512_add_ps(f, term);
+                }
+            }
+            f
+        }
 
         /// One group: per superblock the scalar reference's `isum = Σ sc·Σ(q − 32)·y` over
         /// the 16 sub-blocks (exact), then `sum + (d·dy)·isum`.
@@ -759,29 +874,25 @@ mod q6k {
             nb: usize,
             acts: &[Q8kAct<'_>],
         ) -> [__m512; T] {
+            if T == 1 {
+                // SAFETY: the caller's contract, with one activation row.
+                let one = unsafe { superblocks_one(group, nb, &acts[0]) };
+                return [one; T];
+            }
             let mut f = [_mm512_setzero_ps(); T];
             let acts: &[Q8kAct<'_>; T] = acts.try_into().expect("T activation rows");
             let low = _mm512_set1_epi8(0x0F);
             let top = _mm512_set1_epi8(0x30);
             let p = group.as_ptr();
             for b in 0..nb {
-                // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller);
-                // prefetches are hints and never fault.
+                // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    prefetch(blk, GROUP_BLOCK, PREFETCH_AHEAD);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let planes: [__m512i; 4] = std::array::from_fn(|q| {
                         _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
                     });
-                    // Sub-block t's int8 scale, sign-extended, in every row's lane.
-                    let sc: [__m512i; 16] = std::array::from_fn(|t| {
-                        let up = _mm512_sll_epi32(
-                            planes[t / 4],
-                            _mm_cvtsi32_si128((24 - 8 * (t % 4)) as i32),
-                        );
-                        _mm512_srai_epi32::<24>(up)
-                    });
+                    let sc = scales(&planes);
                     let mut isum = [_mm512_setzero_si512(); T];
                     for h in 0..2 {
                         for fq in 0..4 {
@@ -789,15 +900,14 @@ mod q6k {
                             // 8h + 2fq (k < 4) and 8h + 2fq + 1.
                             let mut codes = [_mm512_setzero_si512(); 8];
                             for (k, c) in codes.iter_mut().enumerate() {
-                                let ql = _mm512_loadu_si512(
-                                    blk.add(QL + 1024 * h + 64 * (8 * (fq % 2) + k)).cast(),
-                                );
+                                let ql =
+                                    _mm512_loadu_si512(blk.add(ql(h, 8 * (fq % 2) + k)).cast());
                                 let nib = if fq < 2 {
                                     _mm512_and_si512(ql, low)
                                 } else {
                                     _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low)
                                 };
-                                let qh = _mm512_loadu_si512(blk.add(QH + 512 * h + 64 * k).cast());
+                                let qh = _mm512_loadu_si512(blk.add(qh(h, k)).cast());
                                 let hb = match fq {
                                     0 => _mm512_slli_epi16::<4>(qh),
                                     1 => _mm512_slli_epi16::<2>(qh),
@@ -857,9 +967,6 @@ mod x86 {
 
     use super::{Activations, GROUP_ROWS};
     use crate::GgmlType;
-
-    /// How far ahead of the block being multiplied its stream is prefetched.
-    const PREFETCH_AHEAD: usize = 16384;
 
     /// Activation rows one pass takes.
     pub(super) const MAX_TOKENS: usize = 16;
@@ -1053,9 +1160,15 @@ mod x86 {
         }
     }
 
+    /// How far ahead of the block being multiplied the legacy kernel prefetches its stream.
+    /// Only the legacy kernel does: without it 16 Qwen sequences decoded at 266 t/s against
+    /// 305-310 with it (one token: the same within noise), while the k-quant kernels stream a
+    /// token faster without any (BENCHMARKS.md).
+    const PREFETCH_AHEAD: usize = 16384;
+
     /// Prefetch the `bytes` bytes `ahead` bytes past `p` (a later part of the group stream).
     #[inline]
-    pub(super) fn prefetch(p: *const u8, bytes: usize, ahead: usize) {
+    fn prefetch(p: *const u8, bytes: usize, ahead: usize) {
         for l in 0..bytes.div_ceil(64) {
             // SAFETY: `prefetcht0` is a hint: it never faults, whatever the address
             // (`wrapping_add` keeps the arithmetic defined).
@@ -1259,6 +1372,122 @@ mod tests {
                     }
                     outs = Vec::new();
                     assert!(matmul_rows(isa, &p, &prepared, &mut outs).is_err());
+                }
+            }
+        }
+    }
+
+    /// GGUF rows of `ty` (`n` values) whose codes, scales and mins are all at one extreme:
+    /// the largest codes with the largest scales (`max`), or the smallest codes with the most
+    /// negative (Q6_K) or largest (Q4_K mins) scales.
+    fn extreme_weights(ty: GgmlType, n: usize, rows: usize, max: bool) -> Vec<u8> {
+        let row_bytes = crate::row_bytes(ty, n).unwrap();
+        let bb = row_bytes / (n / block_values(ty));
+        let mut w = vec![0u8; rows * row_bytes];
+        let code = if max { 0xFF } else { 0x00 };
+        for blk in w.chunks_exact_mut(bb) {
+            match ty {
+                GgmlType::Q8_0 => {
+                    blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+                    blk[2..].fill(if max { 0x7F } else { 0x80 });
+                }
+                GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+                    blk[2..].fill(code);
+                }
+                GgmlType::Q4K => {
+                    blk[..2].copy_from_slice(&0x2C00u16.to_le_bytes());
+                    blk[2..4].copy_from_slice(&0x2400u16.to_le_bytes());
+                    blk[4..16].fill(0xFF);
+                    blk[16..].fill(code);
+                }
+                _ => {
+                    blk[..192].fill(code);
+                    blk[192..208].fill(if max { 0x7F } else { 0x80 });
+                    blk[208..].copy_from_slice(&0x2000u16.to_le_bytes());
+                }
+            }
+        }
+        w
+    }
+
+    /// One activation row of `n` values in `act` whose codes are all `q`.
+    fn constant_acts(act: crate::ActType, n: usize, q: i8) -> Vec<u8> {
+        let mut a = vec![0u8; act.row_bytes(n)];
+        if act == crate::ActType::Q8_0 {
+            for b in a.chunks_exact_mut(34) {
+                b[..2].copy_from_slice(&0x3400u16.to_le_bytes());
+                b[2..].fill(q as u8);
+            }
+        } else {
+            for b in a.chunks_exact_mut(292) {
+                b[..4].copy_from_slice(&0.25f32.to_le_bytes());
+                b[4..260].fill(q as u8);
+                for s in b[260..].chunks_exact_mut(2) {
+                    s.copy_from_slice(&(16 * i16::from(q)).to_le_bytes());
+                }
+            }
+        }
+        a
+    }
+
+    #[test]
+    fn repacked_products_are_exact_for_every_token_count_and_extreme_codes() {
+        for ty in TYPES {
+            #[cfg(target_arch = "aarch64")]
+            assert_eq!(
+                fast(Isa::Neon, ty),
+                std::arch::is_aarch64_feature_detected!("dotprod"),
+                "{ty}: NEON with dotprod multiplies rows16 groups itself"
+            );
+            let n = if kquant(ty) { 512 } else { 96 };
+            let act = crate::act_type(ty).unwrap();
+            let act_bytes = act.row_bytes(n);
+            let weight_sets = [
+                weights(ty, n, 2),
+                extreme_weights(ty, n, 32, true),
+                extreme_weights(ty, n, 32, false),
+            ];
+            // Random rows mixed with all-max and all-min codes, for every kernel's token
+            // count (1..=16) and a split past 16.
+            let mut acts = Vec::new();
+            for t in 0..18 {
+                let a = match t % 3 {
+                    0 => {
+                        let mut a = vec![0u8; act_bytes];
+                        crate::quantize_act(act, &floats(n, 500 + t as u64), &mut a).unwrap();
+                        a
+                    }
+                    1 => constant_acts(act, n, 127),
+                    // −127: the activation quantizers' range (the AVX2 kernels' sign trick
+                    // needs it).
+                    _ => constant_acts(act, n, -127),
+                };
+                acts.extend(a);
+            }
+            for natural in &weight_sets {
+                let p = packed(ty, n, natural);
+                let row_bytes = crate::row_bytes(ty, n).unwrap();
+                let rows = natural.len() / row_bytes;
+                for tokens in 1..=18 {
+                    let acts = &acts[..tokens * act_bytes];
+                    for isa in Isa::all_available() {
+                        let mut out = vec![f32::NAN; tokens * rows];
+                        matmul(isa, ty, n, &p, acts, &mut out, rows).unwrap();
+                        for t in 0..tokens {
+                            let a = &acts[t * act_bytes..(t + 1) * act_bytes];
+                            for r in 0..rows {
+                                let row = &natural[r * row_bytes..(r + 1) * row_bytes];
+                                let want = crate::dot(Isa::Scalar, ty, n, row, a).unwrap();
+                                let got = out[t * rows + r];
+                                let close = (got - want).abs() <= 1e-4 * want.abs().max(1.0);
+                                assert!(
+                                    got.to_bits() == want.to_bits() || (!fast(isa, ty) && close),
+                                    "{ty} {isa:?} tokens {tokens} t {t} row {r}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
