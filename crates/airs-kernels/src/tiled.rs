@@ -48,7 +48,7 @@ use std::cell::RefCell;
 use crate::{ActType, GgmlType, QK_K};
 
 #[cfg(target_arch = "aarch64")]
-mod neon;
+pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

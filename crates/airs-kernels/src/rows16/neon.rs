@@ -21,12 +21,12 @@
 //! and token a float step on 16 lanes. Unmeasured: no aarch64 hardware here.
 
 use std::arch::aarch64::*;
-use std::arch::asm;
 use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::{Activations, GROUP_ROWS, q4k, q6k};
 use crate::GgmlType;
+use crate::tiled::neon::sdot_lane;
 
 /// Activation rows one call takes (the caller splits more).
 pub(super) const MAX_TOKENS: usize = 16;
@@ -34,27 +34,6 @@ pub(super) const MAX_TOKENS: usize = 16;
 const PASS: usize = 4;
 /// Tokens per pass of the k-quant kernels: 2 × 4 sub-block accumulators and 2 × 4 sums.
 const KPASS: usize = 2;
-
-/// `acc + Σ a·(bytes 4L..4L+4 of b)` per 4 bytes of `a`: `sdot` by element.
-#[inline]
-#[target_feature(enable = "neon,dotprod")]
-fn sdot_lane<const L: i32>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    // SAFETY: `sdot` reads two vector registers and updates a third; it touches no memory,
-    // stack or flags, and this fn is only compiled/run with the dotprod feature; `L` < 4 is
-    // an immediate lane index.
-    unsafe {
-        asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.4b[{lane}]",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            lane = const L,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    acc
-}
 
 /// The 16 f16 at `p` as f32, four rows a register.
 ///

@@ -46,7 +46,7 @@ fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 /// `acc + Σ a·(group L of b)` per 4 bytes of `a`: `sdot` by element.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-fn sdot_lane<const L: i32>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) fn sdot_lane<const L: i32>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: as in `sdot`; `L` < 4 is an immediate lane index.
     unsafe {
