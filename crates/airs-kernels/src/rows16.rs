@@ -35,11 +35,12 @@
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
 //! token stay in registers. The k-quant layouts are read in address order and left to the
-//! hardware prefetchers: software prefetches (`prefetcht0` of every line some KiB ahead) cost a
-//! third of their one-token rate from DRAM (BENCHMARKS.md); the legacy kernel keeps its own. Kernels ([`fast`]): AVX-512 VNNI (`mod x86`)
-//! and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no aarch64
-//! hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not repack,
-//! and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout kernels.
+//! hardware prefetchers: with software prefetches (`prefetcht0` of every line 4 KiB ahead) one
+//! token streamed Q4_K at 15-17 GB/s per thread against 22-24 without (BENCHMARKS.md); the
+//! legacy kernel keeps its own. Kernels ([`fast`]): AVX-512 VNNI (`mod x86`) and NEON with the
+//! dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no aarch64 hardware here); elsewhere
+//! (AVX2, a Pi 4's NEON without `sdot`) the loaders do not repack, and a repacked group is
+//! unpacked into a buffer and multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 
@@ -715,9 +716,10 @@ mod q4k {
 /// nibbles: values `128h + 4k..+4`, high: `128h + 64 + 4k..`), `ql[64h + 32 + 4k ..]`
 /// (values `128h + 32 + 4k..`, `128h + 96 + 4k..`) and `qh[32h + 4k ..]` (bit pair `f`:
 /// values `128h + 32f + 4k..+4`). A record gives the codes of all four 32-value quarters of
-/// its half at `4k`, so decoding one token reads the group strictly in address order (which
-/// the hardware prefetchers stream at full rate; reading the `ql` and `qh` planes of an
-/// earlier layout in turn streamed at half of it, BENCHMARKS.md).
+/// its half at `4k`, so decoding one token reads the group strictly in address order, which
+/// the hardware prefetchers follow: one token streams at 21-23 GB/s per thread, where the
+/// earlier layout (a `ql` plane and a `qh` plane, read in turn and revisited per quarter) gave
+/// 10-16 with software prefetch and 7 without (BENCHMARKS.md).
 mod q6k {
     use super::GROUP_ROWS;
 
@@ -796,8 +798,8 @@ mod q6k {
         /// chunk `k` are loaded once and give the codes of all four 32-value quarters, which
         /// feed eight `vpdpbusd` chains (quarter × sub-block). The many-token order (one
         /// quarter at a time, its codes shared by the tokens) reads `ql` twice and `qh` four
-        /// times per half, out of order, and streamed from DRAM at half the rate for one token
-        /// (BENCHMARKS.md). Same integers, same float step: the same bits.
+        /// times per half, out of address order. Same integers, same float step: the same
+        /// bits.
         ///
         /// # Safety
         /// As [`superblocks`] with one activation row.
@@ -1162,7 +1164,7 @@ mod x86 {
 
     /// How far ahead of the block being multiplied the legacy kernel prefetches its stream.
     /// Only the legacy kernel does: without it 16 Qwen sequences decoded at 266 t/s against
-    /// 305-310 with it (one token: the same within noise), while the k-quant kernels stream a
+    /// 309-310 with it (one token: the same within noise), while the k-quant kernels stream a
     /// token faster without any (BENCHMARKS.md).
     const PREFETCH_AHEAD: usize = 16384;
 
