@@ -34,10 +34,11 @@
 //! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. The k-quant layouts are read in address order and left to the
-//! hardware prefetchers: with software prefetches (`prefetcht0` of every line 4 KiB ahead) one
-//! token streamed Q4_K at 15-17 GB/s per thread against 22-24 without (BENCHMARKS.md); the
-//! legacy kernel keeps its own. Kernels ([`fast`]): AVX-512 VNNI (`mod x86`) and NEON with the
+//! token stay in registers. The k-quant layouts are read in address order; one token of a
+//! k-quant is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
+//! line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without), while
+//! several tokens, which work on each line longer, prefetch into L2 8 KiB ahead
+//! (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]): AVX-512 VNNI (`mod x86`) and NEON with the
 //! dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no aarch64 hardware here); elsewhere
 //! (AVX2, a Pi 4's NEON without `sdot`) the loaders do not repack, and a repacked group is
 //! unpacked into a buffer and multiplied by the GGUF-layout kernels.
@@ -572,6 +573,7 @@ mod q4k {
                 // (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
+                    crate::rows16::x86::prefetch_ahead::<T>(blk, GROUP_BLOCK, false);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
                     // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
@@ -890,6 +892,7 @@ mod q6k {
                 // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
+                    crate::rows16::x86::prefetch_ahead::<T>(blk, GROUP_BLOCK, false);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let planes: [__m512i; 4] = std::array::from_fn(|q| {
                         _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
@@ -1162,19 +1165,30 @@ mod x86 {
         }
     }
 
-    /// How far ahead of the block being multiplied the legacy kernel prefetches its stream.
-    /// Only the legacy kernel does: without it 16 Qwen sequences decoded at 266 t/s against
-    /// 309-310 with it (one token: the same within noise), while the k-quant kernels stream a
-    /// token faster without any (BENCHMARKS.md).
-    const PREFETCH_AHEAD: usize = 16384;
-
-    /// Prefetch the `bytes` bytes `ahead` bytes past `p` (a later part of the group stream).
+    /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
+    /// activation rows read — for several tokens always, for one token only where
+    /// `one_token` (Q4_0 and Q5_0).
+    ///
+    /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token
+    /// streams Q8_0 and the k-quants at the read rate on the hardware prefetchers alone, and a
+    /// software prefetch made it slower (Q8_0 5632×2048, two threads: 278-296 µs without, 325-379
+    /// with `prefetcht0` 16 KiB ahead, 333-425 with this one); Q4_0 and Q5_0, which unpack
+    /// nibbles and spend longer per byte, gain 5-10 % from it. With several tokens each line
+    /// is worked on several times as long, the out-of-order window covers fewer lines ahead,
+    /// and the stream fell to 60 % of the product's time from cache (Q6_K 2048×5632, 4
+    /// tokens: 460 µs from DRAM, 221 from L3); this prefetch closes much of that (Q6_K 4
+    /// tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens 295 →
+    /// 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
+    /// the activation rows the tokens re-read and was twice as slow.
     #[inline]
-    fn prefetch(p: *const u8, bytes: usize, ahead: usize) {
-        for l in 0..bytes.div_ceil(64) {
-            // SAFETY: `prefetcht0` is a hint: it never faults, whatever the address
-            // (`wrapping_add` keeps the arithmetic defined).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + 64 * l).cast()) };
+    pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize, one_token: bool) {
+        const AHEAD: usize = 8192;
+        if T > 1 || one_token {
+            for l in 0..bytes.div_ceil(64) {
+                // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
+                // (`wrapping_add` keeps the arithmetic defined).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + 64 * l).cast()) };
+            }
         }
     }
 
@@ -1204,7 +1218,7 @@ mod x86 {
             // every activation row is inside its row (caller).
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
-                prefetch(blk, GROUP_ROWS * bb, PREFETCH_AHEAD);
+                prefetch_ahead::<T>(blk, GROUP_ROWS * bb, TY != 0);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                 let mut codes = [_mm512_setzero_si512(); 8];
                 match TY {
