@@ -34,14 +34,15 @@
 //! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. The k-quant layouts are read in address order; one token of a
-//! k-quant is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
-//! line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without), while
-//! several tokens, which work on each line longer, prefetch into L2 8 KiB ahead
-//! (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]): AVX-512 VNNI (`mod x86`) and NEON with the
-//! dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no aarch64 hardware here); elsewhere
-//! (AVX2, a Pi 4's NEON without `sdot`) the loaders do not repack, and a repacked group is
-//! unpacked into a buffer and multiplied by the GGUF-layout kernels.
+//! token stay in registers. The k-quant layouts are read in address order. One token of Q8_0
+//! or a k-quant is left to the hardware prefetchers (with software prefetches, `prefetcht0` of
+//! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
+//! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 prefetch into L2
+//! 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]): AVX-512 VNNI
+//! (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no
+//! aarch64 hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not
+//! repack, and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout
+//! kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 
@@ -573,7 +574,6 @@ mod q4k {
                 // (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    crate::rows16::x86::prefetch_ahead::<T>(blk, GROUP_BLOCK, false);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
                     // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
@@ -625,6 +625,9 @@ mod q4k {
                     });
                     let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
+                        // A quarter of the superblock 8 KiB ahead per quarter worked on.
+                        let part = GROUP_BLOCK / 4;
+                        crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part, false);
                         let qs = blk.add(256 + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
@@ -892,7 +895,6 @@ mod q6k {
                 // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    crate::rows16::x86::prefetch_ahead::<T>(blk, GROUP_BLOCK, false);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let planes: [__m512i; 4] = std::array::from_fn(|q| {
                         _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
@@ -901,6 +903,10 @@ mod q6k {
                     let mut isum = [_mm512_setzero_si512(); T];
                     for h in 0..2 {
                         for fq in 0..4 {
+                            // An eighth of the superblock 8 KiB ahead per eighth worked on.
+                            let part = GROUP_BLOCK / 8;
+                            let at = blk.add(part * (4 * h + fq));
+                            crate::rows16::x86::prefetch_ahead::<T>(at, part, false);
                             // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
                             // 8h + 2fq (k < 4) and 8h + 2fq + 1.
                             let mut codes = [_mm512_setzero_si512(); 8];
@@ -1179,7 +1185,9 @@ mod x86 {
     /// tokens: 460 µs from DRAM, 221 from L3); this prefetch closes much of that (Q6_K 4
     /// tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens 295 →
     /// 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
-    /// the activation rows the tokens re-read and was twice as slow.
+    /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels
+    /// prefetch a superblock in parts, one per part of it they work on, not all 37-53 lines at
+    /// once: Q6_K 4 tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864).
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize, one_token: bool) {
         const AHEAD: usize = 8192;
