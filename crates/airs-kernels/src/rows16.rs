@@ -1181,8 +1181,9 @@ mod x86 {
     /// with `prefetcht0` 16 KiB ahead, 333-425 with this one); Q4_0 and Q5_0, which unpack
     /// nibbles and spend longer per byte, gain 5-10 % from it. With several tokens each line
     /// is worked on several times as long, the out-of-order window covers fewer lines ahead,
-    /// and the stream fell to 60 % of the product's time from cache (Q6_K 2048×5632, 4
-    /// tokens: 460 µs from DRAM, 221 from L3); this prefetch closes much of that (Q6_K 4
+    /// and the product from DRAM took twice as long as from cache, and far longer than one
+    /// token's stream (Q6_K 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token
+    /// 293); this prefetch closes much of that (Q6_K 4
     /// tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens 295 →
     /// 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
     /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels
