@@ -76,6 +76,10 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Threads each case runs with, and the modes it runs in (module doc).
+const THREADS: [usize; 2] = [1, 2];
+const MODES: [&str; 4] = ["stream", "rows16", "matmul", "rowdot"];
+
 fn main() {
     let filters: Vec<String> = std::env::args()
         .skip(1)
@@ -85,13 +89,13 @@ fn main() {
     let isa = Isa::detect();
     println!("{:<36} {:>10} {:>8}", "case", "µs/matvec", "GB/s");
     for (ty, rows, n) in CASES {
+        let label =
+            |threads: usize, mode: &str| format!("{} {rows}x{n} t{threads} {mode}", ty.name());
         // Build the rings only for a case some label of which is wanted.
-        let case = format!("{} {rows}x{n} t", ty.name());
-        if !["1", "2"].iter().any(|t| {
-            ["stream", "rows16", "matmul", "rowdot"]
-                .iter()
-                .any(|m| wanted(&format!("{case}{t} {m}")))
-        }) {
+        if !THREADS
+            .iter()
+            .any(|&t| MODES.iter().any(|m| wanted(&label(t, m))))
+        {
             continue;
         }
         let wrb = row_bytes(ty, n).unwrap();
@@ -134,9 +138,9 @@ fn main() {
         for (t, a) in a.chunks_exact_mut(act.row_bytes(n)).enumerate() {
             quantize_act(act, &floats(n, 99 + t as u64), a).unwrap();
         }
-        for threads in [1usize, 2] {
-            for mode in ["stream", "rows16", "matmul", "rowdot"] {
-                let label = format!("{} {rows}x{n} t{threads} {mode}", ty.name());
+        for threads in THREADS {
+            for mode in MODES {
+                let label = label(threads, mode);
                 let ring = if mode == "rows16" {
                     &packed_ring
                 } else {

@@ -786,16 +786,28 @@ mod q6k {
 
         crate::rows16::x86::kquant_kernel!();
 
-        /// Sub-block `t`'s int8 scale, sign-extended, in every row's lane, from the four
-        /// scale planes.
+        /// Superblock `blk`'s 16 row scales `d`, and sub-block `t`'s int8 scale,
+        /// sign-extended, in every row's lane (from the four scale planes).
+        ///
+        /// # Safety
+        /// `blk` one whole superblock of a group.
         #[inline]
-        #[target_feature(enable = "avx512f")]
-        fn scales(planes: &[__m512i; 4]) -> [__m512i; 16] {
-            std::array::from_fn(|t| {
+        #[target_feature(enable = "avx512f,f16c")]
+        unsafe fn scales(blk: *const u8) -> (__m512, [__m512i; 16]) {
+            // SAFETY: `d` at 0..32 and the planes at SCALES..SCALES + 256 lie in the
+            // superblock (caller).
+            let (d, planes): (_, [__m512i; 4]) = unsafe {
+                (
+                    _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast())),
+                    std::array::from_fn(|q| _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())),
+                )
+            };
+            let sc = std::array::from_fn(|t| {
                 let up =
                     _mm512_sll_epi32(planes[t / 4], _mm_cvtsi32_si128((24 - 8 * (t % 4)) as i32));
                 _mm512_srai_epi32::<24>(up)
-            })
+            });
+            (d, sc)
         }
 
         /// [`superblocks`] for one activation row (decode of one sequence), in the order the
@@ -820,10 +832,7 @@ mod q6k {
                 // the activation row is inside it (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
-                    let sc = scales(&std::array::from_fn(|q| {
-                        _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
-                    }));
+                    let (d, sc) = scales(blk);
                     let y = a.blocks.get_unchecked(b).as_ptr().add(4);
                     let bs = a.bsums.get_unchecked(b);
                     let mut isum = _mm512_setzero_si512();
@@ -895,11 +904,7 @@ mod q6k {
                 // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group` (caller).
                 unsafe {
                     let blk = p.add(GROUP_BLOCK * b);
-                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
-                    let planes: [__m512i; 4] = std::array::from_fn(|q| {
-                        _mm512_loadu_si512(blk.add(SCALES + 64 * q).cast())
-                    });
-                    let sc = scales(&planes);
+                    let (d, sc) = scales(blk);
                     let mut isum = [_mm512_setzero_si512(); T];
                     for h in 0..2 {
                         for fq in 0..4 {
