@@ -23,11 +23,10 @@ use airs_kernels::Isa;
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
-use crate::math::{gelu_tanh, silu};
 use crate::model::{Model, TensorRef};
-use crate::par::{DisjointOut, QuantizedActs, matmul};
+use crate::par::{DisjointOut, Product, QuantizedActs, matmul, matmul_gated, matmuls};
 use crate::pool::ThreadPool;
-use airs_gguf::{FfnActivation, RopeStyle};
+use airs_gguf::RopeStyle;
 
 /// Most passes a step runs layer-major at once while weights load ([`Model::forward_batch`];
 /// the runtime's scheduler gives a prompt that many passes per step then): it holds their
@@ -453,9 +452,27 @@ impl Model {
         layer.attn_norm.decode_vector(image, norm);
         rms_norm(x, norm, cfg.rms_eps, xn);
         acts.reset();
-        mm(acts, &layer.wq, xn, q);
-        mm(acts, &layer.wk, xn, k);
-        mm(acts, &layer.wv, xn, v);
+        let act_of =
+            |w: &TensorRef| airs_kernels::act_type(w.ty).expect("type checked at model load");
+        for w in [&layer.wq, &layer.wk, &layer.wv] {
+            acts.encode(pool, act_of(w), xn, w.cols);
+        }
+        let product = |w, out| Product {
+            w,
+            acts: acts.encoded(act_of(w)),
+            out,
+        };
+        matmuls(
+            pool,
+            rt.isa,
+            image,
+            n_tokens,
+            vec![
+                product(&layer.wq, &mut *q),
+                product(&layer.wk, &mut *k),
+                product(&layer.wv, &mut *v),
+            ],
+        );
         for (out, b) in [
             (&mut *q, &layer.bq),
             (&mut *k, &layer.bk),
@@ -579,9 +596,24 @@ impl Model {
         layer.ffn_norm.decode_vector(image, norm);
         rms_norm(x, norm, cfg.rms_eps, xn);
         acts.reset();
-        mm(acts, &layer.w_gate, xn, gate);
-        mm(acts, &layer.w_up, xn, up);
-        gated(pool, cfg.ffn_activation, gate, up);
+        for w in [&layer.w_gate, &layer.w_up] {
+            acts.encode(pool, act_of(w), xn, w.cols);
+        }
+        let product = |w, out| Product {
+            w,
+            acts: acts.encoded(act_of(w)),
+            out,
+        };
+        let activation = cfg.ffn_activation;
+        matmul_gated(
+            pool,
+            rt.isa,
+            image,
+            n_tokens,
+            product(&layer.w_gate, &mut *gate),
+            product(&layer.w_up, &mut *up),
+            &|g, u| airs_kernels::gated(rt.isa, activation, g, u),
+        );
         acts.reset();
         mm(acts, &layer.w_down, gate, proj);
         if let Some(w) = &layer.post_ffn_norm {
@@ -617,23 +649,6 @@ fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
             *v = *v * scale * w;
         }
     }
-}
-
-/// `gate[i] = act(gate[i]) · up[i]`, in chunks spread over the pool (each element computed
-/// the same way whatever the split).
-fn gated(pool: &ThreadPool, act: FfnActivation, gate: &mut [f32], up: &[f32]) {
-    const CHUNK: usize = 4096;
-    let writer = DisjointOut::new(gate);
-    pool.for_chunks(up.len(), CHUNK, &|range| {
-        // SAFETY: `for_chunks` hands every index range to exactly one call, so the slices
-        // written concurrently are disjoint.
-        let g = unsafe { writer.slice(range.clone()) };
-        let pairs = g.iter_mut().zip(&up[range]);
-        match act {
-            FfnActivation::Silu => pairs.for_each(|(g, &u)| *g = silu(*g) * u),
-            FfnActivation::GeluTanh => pairs.for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
-        }
-    });
 }
 
 fn add_bias(x: &mut [f32], bias: &[f32]) {

@@ -1,6 +1,6 @@
-//! Elementwise math the forward pass applies to every activation: an `exp` in plain f32
-//! arithmetic that the compiler vectorizes (libm's `expf` is a call per element), used by the
-//! attention softmax; SiLU and GELU, also here, keep libm's `expf` (see [`silu`]).
+//! The attention softmax's `exp`, in plain f32 arithmetic that the compiler vectorizes (libm's
+//! `expf` is a call per element). (The feed-forward's SiLU and GELU have their own, ggml's, in
+//! `airs_kernels::gated`.)
 //!
 //! Method (Cody–Waite, as Cephes and ggml's `ggml_v_expf`): x = n·ln 2 + r with n the nearest
 //! integer to x·log2 e (rounded by adding and subtracting 1.5·2^23, which SSE2 vectorizes; the
@@ -47,29 +47,6 @@ pub(crate) fn exp(x: f32) -> f32 {
     p * pow2(a) * pow2(b)
 }
 
-/// x · sigmoid(x), with libm's `expf`: SiLU feeds every feed-forward row, and the fast [`exp`]'s
-/// few-ulp differences there were enough to flip a near-tie greedy step of the Qwen reference
-/// (inventory prompt, f16 KV, step 61); the softmax tolerates them.
-#[inline(always)]
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as
-/// ggml's SIMD path does (`x · e/(e + 1)` with `e = exp(2·√(2/π)·x·(1 + 0.044715·x²))`, and
-/// `x` itself once the argument passes 30), with libm's `expf` for the same reason as [`silu`].
-#[inline(always)]
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
-    const COEF_A: f32 = 0.044715;
-    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
-    let arg = (x * (COEF_A * x) + 1.0) * (TWO_SQRT_2_OVER_PI * x);
-    if arg > 30.0 {
-        return x;
-    }
-    let e = arg.exp();
-    x * (e / (e + 1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,38 +69,5 @@ mod tests {
         assert!(exp(f32::NEG_INFINITY) < 1.2e-38);
         assert_eq!(exp(89.0), f32::INFINITY);
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
-    }
-
-    #[test]
-    fn silu_matches_f64_and_saturates() {
-        for i in 0..=20_000 {
-            let x = -100.0 + 200.0 * i as f32 / 20_000.0;
-            let want = f64::from(x) / (1.0 + (-f64::from(x)).exp());
-            let got = f64::from(silu(x));
-            assert!(
-                (got - want).abs() <= 1e-6 * want.abs().max(1e-30),
-                "silu({x}) = {got}, want {want}"
-            );
-        }
-        assert_eq!(silu(-1000.0), 0.0);
-        assert_eq!(silu(1000.0), 1000.0);
-    }
-
-    #[test]
-    fn gelu_tanh_matches_the_tanh_formula_in_f64_and_saturates() {
-        for i in 0..=20_000 {
-            let x = -20.0 + 40.0 * i as f32 / 20_000.0;
-            let xd = f64::from(x);
-            let inner = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd);
-            let want = 0.5 * xd * (1.0 + inner.tanh());
-            let got = f64::from(gelu_tanh(x));
-            assert!(
-                (got - want).abs() <= 2e-6 * want.abs().max(1e-3),
-                "gelu({x}) = {got}, want {want}"
-            );
-        }
-        assert_eq!(gelu_tanh(-1000.0), 0.0);
-        assert_eq!(gelu_tanh(1000.0), 1000.0);
-        assert_eq!(gelu_tanh(0.0), 0.0);
     }
 }

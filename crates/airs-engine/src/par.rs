@@ -76,6 +76,12 @@ impl QuantizedActs {
 
     /// `x` (`rows × cols` floats) encoded as `act`, computed at most once between resets.
     pub(crate) fn get(&mut self, pool: &ThreadPool, act: ActType, x: &[f32], cols: usize) -> &[u8] {
+        self.encode(pool, act, x, cols);
+        self.encoded(act)
+    }
+
+    /// Encode `x` (`rows × cols` floats) as `act` unless that encoding is already cached.
+    pub(crate) fn encode(&mut self, pool: &ThreadPool, act: ActType, x: &[f32], cols: usize) {
         let idx = match self.cached.iter().position(|(a, _)| *a == act) {
             Some(i) => i,
             None => {
@@ -98,8 +104,24 @@ impl QuantizedActs {
                 }
             });
         }
-        &self.cached[idx].1
     }
+
+    /// The input as `act`, which [`QuantizedActs::encode`] computed since the last reset.
+    pub(crate) fn encoded(&self, act: ActType) -> &[u8] {
+        self.cached
+            .iter()
+            .find(|(a, _)| *a == act)
+            .map(|(_, buf)| buf.as_slice())
+            .expect("activations encoded before use")
+    }
+}
+
+/// One matrix product: `out[t][r] = W[r] · x[t]` for all rows `r` of `w` and the `tokens`
+/// input rows, given as `acts` (already in `w`'s activation encoding).
+pub(crate) struct Product<'a> {
+    pub(crate) w: &'a TensorRef,
+    pub(crate) acts: &'a [u8],
+    pub(crate) out: &'a mut [f32],
 }
 
 /// `out[t][r] = W[r] · x[t]` for all rows `r` of `w` and the `tokens` activation rows in
@@ -113,72 +135,256 @@ pub(crate) fn matmul(
     tokens: usize,
     out: &mut [f32],
 ) {
-    let rows = w.rows;
-    debug_assert_eq!(out.len(), tokens * rows);
-    let data = w.data(image);
-    let threads = pool.threads();
-    // Repacked matrices: the rows16 kernels up to 16 tokens; beyond, the tiled kernels (faster
-    // on long prompts: BENCHMARKS.md) over groups unpacked per call, where they exist.
-    let packed = w.packed.is_some();
-    if tokens > 1 && !(packed && tokens <= G) {
-        let done = PREP.with(|prep| {
-            let mut prep = prep.borrow_mut();
-            let ready = airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
-                .expect("matmul geometry checked at model load");
-            if ready {
-                prepare_acts(pool, w, acts, tokens, &mut prep);
-                matmul_prepared(pool, isa, w, data, &prep, tokens, out);
-            }
-            ready
-        });
-        if done {
-            return;
-        }
-    }
-    if packed {
-        matmul_packed(pool, isa, w, data, acts, tokens, out);
+    if !by_rows(w, tokens) && matmul_tiled(pool, isa, image, w, acts, tokens, out) {
         return;
     }
-    // Enough chunks for balance on a noisy machine, each a multiple of the kernels' 16-row
-    // tiles.
-    let chunk = if threads == 1 {
-        rows
-    } else {
-        (rows / (threads * 8)).next_multiple_of(16).max(16)
-    };
-    let act_row_bytes = acts.len() / tokens.max(1);
-    let writer = DisjointOut::new(out);
-    pool.for_chunks(rows, chunk, &|range| {
-        let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
-        let width = range.len();
-        if tokens == 1 {
-            // SAFETY: chunks partition 0..rows, so each output range is written by one chunk.
-            let o = unsafe { writer.slice(range.clone()) };
-            airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, width)
-                .expect("matmul geometry checked at model load");
-            return;
-        }
-        TILE.with(|tile| {
-            let mut tile = tile.borrow_mut();
-            tile.resize(tokens * width, 0.0);
-            airs_kernels::matmul(
-                isa,
-                w.ty,
-                w.cols,
-                w_rows,
-                &acts[..tokens * act_row_bytes],
-                &mut tile,
-                width,
-            )
-            .expect("matmul geometry checked at model load");
-            for t in 0..tokens {
-                let start = t * rows + range.start;
-                // SAFETY: row ranges of different chunks are disjoint within every token row.
-                let o = unsafe { writer.slice(start..start + width) };
-                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-            }
-        });
+    let job = RowJob::new(isa, image, tokens, Product { w, acts, out });
+    pool.for_chunks(w.rows, job.chunk(pool.threads()), &|range| {
+        job.compute(range)
     });
+}
+
+/// Several products of the same `tokens` input rows (q, k and v) in one pool job when the
+/// row kernels serve them all (decode: one token, or up to 16 of a repacked matrix): their row
+/// chunks are handed out from one counter, so the threads meet at one barrier, not one per
+/// matrix. A decode step of a 0.5B model is ~200 products of ~60 µs, and every barrier waits
+/// for the slowest thread. Otherwise (the tiled prefill kernels) they run one after another.
+pub(crate) fn matmuls(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    tokens: usize,
+    products: Vec<Product<'_>>,
+) {
+    if !products.iter().all(|p| by_rows(p.w, tokens)) {
+        for p in products {
+            matmul(pool, isa, image, p.w, p.acts, tokens, p.out);
+        }
+        return;
+    }
+    let jobs: Vec<RowJob<'_>> = products
+        .into_iter()
+        .map(|p| RowJob::new(isa, image, tokens, p))
+        .collect();
+    // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
+    let chunks: Vec<usize> = jobs.iter().map(|j| j.chunk(pool.threads())).collect();
+    let mut first = vec![0usize];
+    for (job, &chunk) in jobs.iter().zip(&chunks) {
+        first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
+    }
+    let total = first.last().copied().unwrap_or(0);
+    pool.for_chunks(total, 1, &|range| {
+        for c in range {
+            let i = first.partition_point(|&f| f <= c) - 1;
+            let (chunk, rows) = (chunks[i], jobs[i].w.rows);
+            let start = (c - first[i]) * chunk;
+            jobs[i].compute(start..(start + chunk).min(rows));
+        }
+    });
+}
+
+/// `gate` and `up` (products with the same rows) and the gated activation
+/// `gate = act(gate, up)`, which `act` applies to equal slices of the two. With the row
+/// kernels, one pool job: each chunk computes its rows of both and activates them at once, so
+/// the activation costs no job of its own. Otherwise the products, then the activation in
+/// chunks. Every element is computed the same way either way.
+pub(crate) fn matmul_gated(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    tokens: usize,
+    gate: Product<'_>,
+    up: Product<'_>,
+    act: &(dyn Fn(&mut [f32], &[f32]) + Sync),
+) {
+    debug_assert_eq!(gate.w.rows, up.w.rows);
+    if !(by_rows(gate.w, tokens) && by_rows(up.w, tokens)) {
+        matmul(pool, isa, image, gate.w, gate.acts, tokens, gate.out);
+        matmul(pool, isa, image, up.w, up.acts, tokens, up.out);
+        const CHUNK: usize = 4096;
+        let up = &*up.out;
+        let writer = DisjointOut::new(gate.out);
+        pool.for_chunks(up.len(), CHUNK, &|range| {
+            // SAFETY: `for_chunks` hands every index range to exactly one call.
+            act(unsafe { writer.slice(range.clone()) }, &up[range]);
+        });
+        return;
+    }
+    let rows = gate.w.rows;
+    let gate = RowJob::new(isa, image, tokens, gate);
+    let up = RowJob::new(isa, image, tokens, up);
+    pool.for_chunks(rows, gate.chunk(pool.threads()), &|range| {
+        gate.compute(range.clone());
+        up.compute(range.clone());
+        for t in 0..tokens {
+            let at = t * rows + range.start..t * rows + range.end;
+            // SAFETY: chunks partition the rows, so this chunk alone touches these columns
+            // of every token row of both outputs, and its products above are done.
+            let (g, u) = unsafe { (gate.out.slice(at.clone()), up.out.slice(at)) };
+            act(g, u);
+        }
+    });
+}
+
+/// Whether a product of `tokens` rows with `w` runs on the row kernels ([`RowJob`]): one
+/// token, or up to a group's worth of a repacked matrix. Longer inputs take the tiled kernels
+/// where the type has them ([`matmul_tiled`]).
+fn by_rows(w: &TensorRef, tokens: usize) -> bool {
+    tokens == 1 || (w.packed.is_some() && tokens <= G)
+}
+
+/// The product on the tiled kernels, if `w`'s type has them and `tokens` makes them pay:
+/// activations prepared once on the calling thread's buffer, then row chunks over the pool.
+/// Returns whether it ran.
+fn matmul_tiled(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    w: &TensorRef,
+    acts: &[u8],
+    tokens: usize,
+    out: &mut [f32],
+) -> bool {
+    PREP.with(|prep| {
+        let mut prep = prep.borrow_mut();
+        let ready = airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
+            .expect("matmul geometry checked at model load");
+        if ready {
+            prepare_acts(pool, w, acts, tokens, &mut prep);
+            matmul_prepared(pool, isa, w, w.data(image), &prep, tokens, out);
+        }
+        ready
+    })
+}
+
+/// A product on the row kernels, computed in row chunks of whole 16-row groups: each chunk
+/// split into runs of repacked groups (the rows16 kernels, see [`crate::repack`]) and of rows
+/// in the file's layout (the ordinary kernels). Both are bit-identical to the scalar reference,
+/// so neither the split nor the chunking shows in the results.
+struct RowJob<'a> {
+    isa: Isa,
+    w: &'a TensorRef,
+    data: &'a [u8],
+    /// The whole input rows.
+    acts: &'a [u8],
+    tokens: usize,
+    /// The rows16 kernels' per-block activation terms, once for every chunk and thread (a
+    /// repacked matrix only).
+    prepared: Option<airs_kernels::rows16::Activations<'a>>,
+    out: DisjointOut<'a, f32>,
+}
+
+impl<'a> RowJob<'a> {
+    fn new(isa: Isa, image: &'a [u8], tokens: usize, p: Product<'a>) -> RowJob<'a> {
+        let w = p.w;
+        let act_row_bytes = p.acts.len() / tokens.max(1);
+        let acts = &p.acts[..tokens * act_row_bytes];
+        let prepared = w.packed.as_ref().map(|_| {
+            airs_kernels::rows16::Activations::new(isa, w.ty, w.cols, acts)
+                .expect("matmul geometry checked at model load")
+        });
+        debug_assert_eq!(p.out.len(), tokens * w.rows);
+        RowJob {
+            isa,
+            w,
+            data: w.data(image),
+            acts,
+            tokens,
+            prepared,
+            out: DisjointOut::new(p.out),
+        }
+    }
+
+    /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
+    fn chunk(&self, threads: usize) -> usize {
+        (self.w.rows / (threads * 8)).next_multiple_of(G).max(G)
+    }
+
+    /// Rows `range` (starting at a group) of the product, for every token.
+    fn compute(&self, range: Range<usize>) {
+        let w = self.w;
+        let mut r0 = range.start;
+        while r0 < range.end {
+            let packed = w.is_packed(r0 / G);
+            let mut r1 = (r0 + G).min(range.end);
+            while r1 < range.end && w.is_packed(r1 / G) == packed {
+                r1 = (r1 + G).min(range.end);
+            }
+            self.run(r0..r1, packed);
+            r0 = r1;
+        }
+    }
+
+    /// Rows `r0..r1`, all repacked or all in the file's layout.
+    fn run(&self, Range { start: r0, end: r1 }: Range<usize>, packed: bool) {
+        let (w, isa, tokens, rows) = (self.w, self.isa, self.tokens, self.w.rows);
+        let w_rows = &self.data[r0 * w.row_bytes..r1 * w.row_bytes];
+        let width = r1 - r0;
+        // Group columns `g0..g0 + width` of every token row of the output.
+        let token_outs = |g0: usize, width: usize| -> Vec<&mut [f32]> {
+            (0..tokens)
+                .map(|t| {
+                    let start = t * rows + g0;
+                    // SAFETY: runs of different chunks are disjoint within every token row,
+                    // and the token rows are disjoint.
+                    unsafe { self.out.slice(start..start + width) }
+                })
+                .collect()
+        };
+        match &self.prepared {
+            Some(prepared) if packed => {
+                // Straight into each token's row of `out`: no staging tile.
+                airs_kernels::rows16::matmul_rows(
+                    isa,
+                    w_rows,
+                    prepared,
+                    &mut token_outs(r0, width),
+                )
+                .expect("matmul geometry checked at model load");
+            }
+            _ if tokens == 1 => {
+                // SAFETY: chunks partition 0..rows and runs partition each chunk.
+                let out = unsafe { self.out.slice(r0..r1) };
+                airs_kernels::matmul(isa, w.ty, w.cols, w_rows, self.acts, out, width)
+                    .expect("matmul geometry checked at model load");
+            }
+            Some(prepared) if tokens <= G && width.is_multiple_of(G) => {
+                // Whole groups of a repacked matrix left in the file's layout (at load-chunk
+                // boundaries: ~2 % of the rows with 2 MiB chunks): repacked here, one at a
+                // time, for the rows16 kernel — preparing every token's activations for the
+                // tiled kernels cost ~4 % of a 16-sequence decode step for these few rows
+                // (profiled), and the one-token kernel token by token more.
+                NATURAL.with(|packed| {
+                    let mut packed = packed.borrow_mut();
+                    packed.resize(G * w.row_bytes, 0);
+                    for g0 in (r0..r1).step_by(G) {
+                        let natural = &self.data[g0 * w.row_bytes..(g0 + G) * w.row_bytes];
+                        airs_kernels::rows16::repack_group(w.ty, w.cols, natural, &mut packed)
+                            .expect("a repacked matrix's type has the layout");
+                        airs_kernels::rows16::matmul_rows(
+                            isa,
+                            &packed,
+                            prepared,
+                            &mut token_outs(g0, G),
+                        )
+                        .expect("matmul geometry checked at model load");
+                    }
+                });
+            }
+            _ => TILE.with(|tile| {
+                let mut tile = tile.borrow_mut();
+                tile.resize(tokens * width, 0.0);
+                airs_kernels::matmul(isa, w.ty, w.cols, w_rows, self.acts, &mut tile, width)
+                    .expect("matmul geometry checked at model load");
+                for (o, t) in token_outs(r0, width)
+                    .into_iter()
+                    .zip(tile.chunks_exact(width))
+                {
+                    o.copy_from_slice(t);
+                }
+            }),
+        }
+    }
 }
 
 /// Fill `prep` (laid out for `tokens` rows of `w`'s activations) from `acts`, token groups
@@ -270,97 +476,4 @@ fn unpack_group<'a>(
     airs_kernels::rows16::unpack_group(w.ty, w.cols, w_rows, buf)
         .expect("repacked geometry checked by the plan");
     buf
-}
-
-/// [`matmul`] of a matrix the loader repacked (see [`crate::repack`]): row chunks of whole
-/// 16-row groups, each split into runs of repacked groups (the rows16 kernels, any number of
-/// tokens) and of groups in the file's layout (the ordinary kernels). Both are bit-identical
-/// to the scalar reference, so the split never shows in the results.
-fn matmul_packed(
-    pool: &ThreadPool,
-    isa: Isa,
-    w: &TensorRef,
-    data: &[u8],
-    acts: &[u8],
-    tokens: usize,
-    out: &mut [f32],
-) {
-    let rows = w.rows;
-    let chunk = (rows / (pool.threads() * 8)).next_multiple_of(G).max(G);
-    let act_row_bytes = acts.len() / tokens.max(1);
-    let acts = &acts[..tokens * act_row_bytes];
-    // The rows16 kernels' per-block activation terms, once for every chunk and thread.
-    let prepared = airs_kernels::rows16::Activations::new(isa, w.ty, w.cols, acts)
-        .expect("matmul geometry checked at model load");
-    let writer = DisjointOut::new(out);
-    pool.for_chunks(rows, chunk, &|range| {
-        let mut r0 = range.start;
-        while r0 < range.end {
-            let packed = w.is_packed(r0 / G);
-            let mut r1 = (r0 + G).min(range.end);
-            while r1 < range.end && w.is_packed(r1 / G) == packed {
-                r1 = (r1 + G).min(range.end);
-            }
-            let w_rows = &data[r0 * w.row_bytes..r1 * w.row_bytes];
-            let width = r1 - r0;
-            let run = |o: &mut [f32], stride: usize| {
-                airs_kernels::matmul(isa, w.ty, w.cols, w_rows, acts, o, stride)
-                    .expect("matmul geometry checked at model load");
-            };
-            if packed {
-                // Straight into each token's row of `out`: no staging tile.
-                let mut outs: Vec<&mut [f32]> = (0..tokens)
-                    .map(|t| {
-                        let start = t * rows + r0;
-                        // SAFETY: runs of different chunks are disjoint within every token
-                        // row, and the token rows are disjoint.
-                        unsafe { writer.slice(start..start + width) }
-                    })
-                    .collect();
-                airs_kernels::rows16::matmul_rows(isa, w_rows, &prepared, &mut outs)
-                    .expect("matmul geometry checked at model load");
-            } else if tokens == 1 {
-                // SAFETY: chunks partition 0..rows and runs partition each chunk.
-                run(unsafe { writer.slice(r0..r1) }, width);
-            } else if tokens <= G && width.is_multiple_of(G) {
-                // Whole groups left in the file's layout (at load-chunk boundaries: ~2 % of
-                // the rows with 2 MiB chunks): repacked here, one at a time, for the rows16
-                // kernel — preparing every token's activations for the tiled kernels cost
-                // ~4 % of a 16-sequence decode step for these few rows (profiled), and the
-                // one-token kernel token by token more.
-                NATURAL.with(|packed| {
-                    let mut packed = packed.borrow_mut();
-                    let group_bytes = G * w.row_bytes;
-                    packed.resize(group_bytes, 0);
-                    for g0 in (r0..r1).step_by(G) {
-                        let natural = &data[g0 * w.row_bytes..(g0 + G) * w.row_bytes];
-                        airs_kernels::rows16::repack_group(w.ty, w.cols, natural, &mut packed)
-                            .expect("a repacked matrix's type has the layout");
-                        let mut outs: Vec<&mut [f32]> = (0..tokens)
-                            .map(|t| {
-                                let start = t * rows + g0;
-                                // SAFETY: as above: this group's columns of each token row.
-                                unsafe { writer.slice(start..start + G) }
-                            })
-                            .collect();
-                        airs_kernels::rows16::matmul_rows(isa, &packed, &prepared, &mut outs)
-                            .expect("matmul geometry checked at model load");
-                    }
-                });
-            } else {
-                TILE.with(|tile| {
-                    let mut tile = tile.borrow_mut();
-                    tile.resize(tokens * width, 0.0);
-                    run(&mut tile, width);
-                    for t in 0..tokens {
-                        let start = t * rows + r0;
-                        // SAFETY: runs of different chunks are disjoint within every token row.
-                        let o = unsafe { writer.slice(start..start + width) };
-                        o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-                    }
-                });
-            }
-            r0 = r1;
-        }
-    });
 }

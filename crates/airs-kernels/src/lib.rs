@@ -24,6 +24,7 @@
 
 mod act;
 mod act_simd;
+mod gated;
 mod isa;
 mod kquants;
 mod legacy;
@@ -32,6 +33,7 @@ mod stream;
 mod tiled;
 
 pub use airs_gguf::{GgmlType, QK_K};
+pub use gated::gated;
 pub use isa::Isa;
 pub use stream::xor_fold;
 pub use tiled::PreparedActs;

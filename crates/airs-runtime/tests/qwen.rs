@@ -48,9 +48,10 @@ fn qwen_sessions_rebuild_to_identical_replies() {
 /// top-1 agreement; ik_llama.cpp against llama.cpp 0.00084 and 98.1%.
 ///
 /// Held here, the targets: mean KLD ≤ 0.0010, top-1 agreement ≥ 98.0% and perplexity
-/// within 1% of the reference's, with both KV types. Measured (2026-12-02, K cached in columns,
-/// each score two multiply-add chains): f16 0.000827, 98.24%, perplexity 13.055 vs 13.059; f32
-/// 0.000840, 98.73%, 13.069 vs 13.071. The margin is a few positions: with the earlier score
+/// within 1% of the reference's, with both KV types. Measured (2026-12-03, SiLU on ggml's
+/// AVX-512 `exp`, `airs_kernels::gated`): f16 0.000796, 98.33%, perplexity 13.082 vs 13.059;
+/// f32 0.000809, 98.43%, 13.061 vs 13.071 (2026-12-02, libm's `expf`: f16 0.000827, 98.24%;
+/// f32 0.000840, 98.73%). The margin is a few positions: with the earlier score
 /// order (eight chains per row) f16 gave 0.000799 and 97.75%, since 39 reference positions have
 /// their two best tokens within 1% of probability and summation order decides them. Every
 /// disagreement is such a near-tie of the reference (llama.cpp preferred its own token by at
