@@ -24,7 +24,7 @@ use airs_kernels::Isa;
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
 use crate::model::{Model, TensorRef};
-use crate::par::{DisjointOut, Product, QuantizedActs, matmul, matmul_gated, matmuls};
+use crate::par::{DisjointOut, QuantizedActs, matmul, matmul_gated, matmuls};
 use crate::pool::ThreadPool;
 use airs_gguf::RopeStyle;
 
@@ -371,20 +371,11 @@ impl Model {
         if !logit_rows.is_empty() {
             let xo = normed(&logit_rows);
             logits = vec![0.0f32; logit_rows.len() * vocab];
-            let act_type =
-                airs_kernels::act_type(self.output.ty).expect("type checked at model load");
             let acts = &mut scratch.acts;
             acts.reset();
-            let a = acts.get(pool, act_type, &xo, n_embd);
-            matmul(
-                pool,
-                rt.isa,
-                image,
-                &self.output,
-                a,
-                logit_rows.len(),
-                &mut logits,
-            );
+            acts.encode(pool, &self.output, &xo);
+            let mut product = acts.product(&self.output, &mut logits);
+            matmul(pool, rt.isa, image, logit_rows.len(), &mut product);
         }
         let hidden = if hidden_rows.is_empty() {
             Vec::new()
@@ -444,33 +435,25 @@ impl Model {
         let (acts, norm, bias) = (&mut s.acts, &mut s.norm, &mut s.bias);
 
         let mm = |acts: &mut QuantizedActs, w: &TensorRef, input: &[f32], out: &mut [f32]| {
-            let act_type = airs_kernels::act_type(w.ty).expect("type checked at model load");
-            let a = acts.get(pool, act_type, input, w.cols);
-            matmul(pool, rt.isa, image, w, a, n_tokens, out);
+            acts.encode(pool, w, input);
+            matmul(pool, rt.isa, image, n_tokens, &mut acts.product(w, out));
         };
 
         layer.attn_norm.decode_vector(image, norm);
         rms_norm(x, norm, cfg.rms_eps, xn);
         acts.reset();
-        let act_of =
-            |w: &TensorRef| airs_kernels::act_type(w.ty).expect("type checked at model load");
         for w in [&layer.wq, &layer.wk, &layer.wv] {
-            acts.encode(pool, act_of(w), xn, w.cols);
+            acts.encode(pool, w, xn);
         }
-        let product = |w, out| Product {
-            w,
-            acts: acts.encoded(act_of(w)),
-            out,
-        };
         matmuls(
             pool,
             rt.isa,
             image,
             n_tokens,
             vec![
-                product(&layer.wq, &mut *q),
-                product(&layer.wk, &mut *k),
-                product(&layer.wv, &mut *v),
+                acts.product(&layer.wq, &mut *q),
+                acts.product(&layer.wk, &mut *k),
+                acts.product(&layer.wv, &mut *v),
             ],
         );
         for (out, b) in [
@@ -597,21 +580,16 @@ impl Model {
         rms_norm(x, norm, cfg.rms_eps, xn);
         acts.reset();
         for w in [&layer.w_gate, &layer.w_up] {
-            acts.encode(pool, act_of(w), xn, w.cols);
+            acts.encode(pool, w, xn);
         }
-        let product = |w, out| Product {
-            w,
-            acts: acts.encoded(act_of(w)),
-            out,
-        };
         let activation = cfg.ffn_activation;
         matmul_gated(
             pool,
             rt.isa,
             image,
             n_tokens,
-            product(&layer.w_gate, &mut *gate),
-            product(&layer.w_up, &mut *up),
+            acts.product(&layer.w_gate, &mut *gate),
+            acts.product(&layer.w_up, &mut *up),
             &|g, u| airs_kernels::gated(rt.isa, activation, g, u),
         );
         acts.reset();
