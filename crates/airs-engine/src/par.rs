@@ -353,11 +353,12 @@ impl<'a> RowJob<'a> {
                     .expect("matmul geometry checked at model load");
             }
             Some(prepared) if tokens <= G && width.is_multiple_of(G) => {
-                // Whole groups of a repacked matrix left in the file's layout (at load-chunk
-                // boundaries: ~2 % of the rows with 2 MiB chunks): repacked here, one at a
-                // time, for the rows16 kernel — preparing every token's activations for the
-                // tiled kernels cost ~4 % of a 16-sequence decode step for these few rows
-                // (profiled), and the one-token kernel token by token more.
+                // Whole groups of a repacked matrix left in the file's layout (those that
+                // straddle a load chunk and are over an eighth of it: none at the default
+                // 2 MiB chunks, see `crate::repack`): repacked here, one at a time, for the
+                // rows16 kernel — preparing every token's activations for the tiled kernels
+                // cost ~4 % of a 16-sequence decode step for such rows (profiled), and the
+                // one-token kernel token by token more.
                 NATURAL.with(|packed| {
                     let mut packed = packed.borrow_mut();
                     packed.resize(G * w.row_bytes, 0);

@@ -8,27 +8,33 @@
 //! whose lookups then decode a row out of its group) — of a type the runtime's
 //! instruction set multiplies fast in that layout ([`airs_kernels::rows16::fast`]). Never an
 //! untied `token_embd` (only looked up), vectors, or fused matrices that the model
-//! slices by rows (Phi-3's `attn_qkv` and gate/up `ffn_up`). A group of 16 rows is repacked
-//! when it lies inside one load chunk, because a chunk is all a transform sees; a group that
-//! straddles a chunk boundary (at most one per boundary, < 1 % of a matrix) and a final group
-//! of fewer than 16 rows keep the GGUF layout, and [`RepackPlan::packed_groups`] tells the
-//! model which is which by the same rule. Results do not depend on the layout: both kernels
-//! are bit-identical to the scalar reference.
+//! slices by rows (Phi-3's `attn_qkv` and gate/up `ffn_up`). Every whole group of 16 rows is
+//! repacked, also one that straddles a load chunk boundary (at most one per boundary per side:
+//! 1-5 % of the bytes at 2 MiB chunks): each of its two chunks asks the loader for the file's
+//! bytes of the group beyond its edge ([`ChunkTransform::context`]), repacks the whole group and
+//! keeps its own part. That costs each chunk at most two groups of extra reading, so a
+//! straddling group is repacked only when it is at most an eighth of a chunk (always at the
+//! default 2 MiB; at the smallest 64 KiB chunks, groups under 8 KiB). A group that is not, and a
+//! final group of fewer than 16 rows, keep the GGUF layout, and [`RepackPlan::packed_groups`]
+//! tells the model which is which by the same rule. Results do not depend on the layout: both
+//! kernels are bit-identical to the scalar reference.
 //!
 //! Where the design comes from: ik_llama.cpp's run-time repacking (`-rtr`), which converts
 //! tensors to `_R4`/`_R8` types after loading (an extra pass, and the file's type is gone);
 //! here the layout is a view of the same type, made in the loader's copy. Cost: one read and
-//! one write of each repacked chunk while it is in cache, on the loading thread (not
-//! measured apart: the loader benchmarks time whole loads).
+//! one write of each repacked chunk while it is in cache, on the loading thread, plus the
+//! straddling groups' context reads (not measured apart: the loader benchmarks time whole
+//! loads).
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Arc;
 
 use airs_gguf::{GgmlType, Gguf, ModelConfig};
 use airs_kernels::Isa;
 use airs_kernels::rows16::{self, GROUP_ROWS};
-use airs_memory::ChunkTransform;
+use airs_memory::{ChunkTransform, Context};
 
 /// One matrix to repack.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,11 +51,31 @@ impl Planned {
         (GROUP_ROWS * self.row_bytes) as u64
     }
 
-    /// Whether group `g` is repacked: a whole group inside one chunk.
-    fn packed(&self, g: usize, chunk_bytes: u64) -> bool {
+    /// The file range of group `g` (a final partial group is shorter).
+    fn group_range(&self, g: usize) -> Range<u64> {
         let start = self.offset + g as u64 * self.group_bytes();
-        let end = start + self.group_bytes();
-        (g + 1) * GROUP_ROWS <= self.rows && start / chunk_bytes == (end - 1) / chunk_bytes
+        start..(start + self.group_bytes()).min(self.end())
+    }
+
+    fn end(&self) -> u64 {
+        self.offset + (self.rows * self.row_bytes) as u64
+    }
+
+    /// Whether group `g` is repacked: a whole group, inside one chunk or at most an eighth of
+    /// one (see the module documentation).
+    fn packed(&self, g: usize, chunk_bytes: u64) -> bool {
+        let Range { start, end } = self.group_range(g);
+        (g + 1) * GROUP_ROWS <= self.rows
+            && (start / chunk_bytes == (end - 1) / chunk_bytes
+                || self.group_bytes() <= chunk_bytes / 8)
+    }
+
+    /// The groups that overlap the file range `range`.
+    fn groups_overlapping(&self, range: &Range<u64>) -> Range<usize> {
+        let group_bytes = self.group_bytes();
+        let first = range.start.saturating_sub(self.offset) / group_bytes;
+        let last = (range.end.min(self.end()).saturating_sub(self.offset)).div_ceil(group_bytes);
+        first as usize..last as usize
     }
 }
 
@@ -62,8 +88,8 @@ pub struct RepackPlan {
 }
 
 thread_local! {
-    /// One group's GGUF bytes while it is rewritten in place.
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// One group's GGUF bytes while it is rewritten, and a straddling group's repacked bytes.
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl RepackPlan {
@@ -138,6 +164,12 @@ impl RepackPlan {
     pub fn tensor_count(&self) -> usize {
         self.tensors.len()
     }
+
+    /// The planned matrix that holds the file byte at `at`.
+    fn tensor_at(&self, at: u64) -> Option<&Planned> {
+        let i = self.tensors.partition_point(|t| t.end() <= at);
+        self.tensors.get(i).filter(|t| t.offset <= at)
+    }
 }
 
 impl ChunkTransform for RepackPlan {
@@ -145,30 +177,56 @@ impl ChunkTransform for RepackPlan {
         self.chunk_bytes
     }
 
-    fn apply(&self, offset: u64, bytes: &mut [u8]) {
-        let end = offset + bytes.len() as u64;
-        let first = self
-            .tensors
-            .partition_point(|t| t.offset + (t.rows * t.row_bytes) as u64 <= offset);
+    fn context(&self, chunk: Range<u64>) -> (u64, u64) {
+        // The straddling groups at the two edges, if they are repacked.
+        let straddler = |at: u64| {
+            let t = self.tensor_at(at)?;
+            let g = t.groups_overlapping(&(at..at + 1)).start;
+            let range = t.group_range(g);
+            (range.start < at && t.packed(g, self.chunk_bytes)).then_some(range)
+        };
+        let before = straddler(chunk.start).map_or(0, |g| chunk.start - g.start);
+        let after = straddler(chunk.end).map_or(0, |g| g.end - chunk.end);
+        (before, after)
+    }
+
+    fn apply(&self, offset: u64, bytes: &mut [u8], context: Context<'_>) {
+        let chunk = offset..offset + bytes.len() as u64;
+        let first = self.tensors.partition_point(|t| t.end() <= offset);
         SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            for t in self.tensors[first..].iter().take_while(|t| t.offset < end) {
-                let group_bytes = t.group_bytes();
-                // Only the groups that start inside this chunk.
-                let first_group = offset.saturating_sub(t.offset).div_ceil(group_bytes) as usize;
-                let last_group = ((end - t.offset).div_ceil(group_bytes) as usize)
-                    .min(t.rows.div_ceil(GROUP_ROWS));
-                for g in first_group..last_group {
-                    let start = t.offset + g as u64 * group_bytes;
-                    if start + group_bytes > end || !t.packed(g, self.chunk_bytes) {
+            let (natural, packed) = &mut *scratch.borrow_mut();
+            for t in self.tensors[first..]
+                .iter()
+                .take_while(|t| t.offset < chunk.end)
+            {
+                for g in t.groups_overlapping(&chunk) {
+                    if !t.packed(g, self.chunk_bytes) {
                         continue;
                     }
-                    let at = (start - offset) as usize;
-                    let group = &mut bytes[at..at + group_bytes as usize];
-                    scratch.clear();
-                    scratch.extend_from_slice(group);
-                    rows16::repack_group(t.ty, t.cols, &scratch, group)
+                    let group = t.group_range(g);
+                    let inside = group.start.max(chunk.start)..group.end.min(chunk.end);
+                    let here = (inside.start - offset) as usize..(inside.end - offset) as usize;
+                    if inside == group {
+                        natural.clear();
+                        natural.extend_from_slice(&bytes[here.clone()]);
+                        rows16::repack_group(t.ty, t.cols, natural, &mut bytes[here])
+                            .expect("planned geometry is whole groups of a rows16 type");
+                        continue;
+                    }
+                    // Straddling: the whole group from the context and the chunk, repacked,
+                    // and this chunk's part of it kept.
+                    let before = (chunk.start - group.start.min(chunk.start)) as usize;
+                    let after = (group.end.max(chunk.end) - chunk.end) as usize;
+                    natural.clear();
+                    natural.extend_from_slice(&context.before[context.before.len() - before..]);
+                    natural.extend_from_slice(&bytes[here.clone()]);
+                    natural.extend_from_slice(&context.after[..after]);
+                    packed.resize(natural.len(), 0);
+                    rows16::repack_group(t.ty, t.cols, natural, packed)
                         .expect("planned geometry is whole groups of a rows16 type");
+                    let part =
+                        (inside.start - group.start) as usize..(inside.end - group.start) as usize;
+                    bytes[here].copy_from_slice(&packed[part]);
                 }
             }
         });
@@ -200,7 +258,7 @@ mod tests {
     }
 
     #[test]
-    fn groups_inside_one_chunk_are_packed_and_straddling_or_partial_ones_are_not() {
+    fn whole_groups_are_packed_and_straddling_ones_only_when_small_against_the_chunk() {
         // Groups of 16 rows are 544 bytes: [100, 644), [644, 1188), then 8 rows.
         let t = planned(100, 40);
         assert!(t.packed(0, 4096) && t.packed(1, 4096));
@@ -210,42 +268,72 @@ mod tests {
         );
         assert!(
             t.packed(0, 1024) && !t.packed(1, 1024),
-            "group 1 straddles byte 1024"
+            "group 1 straddles byte 1024 and is more than an eighth of a chunk"
         );
+        assert!(
+            t.packed(1, 4352) && !t.packed(2, 4352),
+            "at an eighth of a chunk, a straddling group is packed too"
+        );
+    }
+
+    /// Applies `plan` chunk by chunk to a copy of `file`, each chunk with the context it asks
+    /// for read from `file`, as a loader does.
+    fn load(plan: &RepackPlan, file: &[u8]) -> Vec<u8> {
+        let chunk_bytes = plan.chunk_bytes as usize;
+        let mut region = file.to_vec();
+        for (c, chunk) in region.chunks_mut(chunk_bytes).enumerate() {
+            let start = c * chunk_bytes;
+            let end = start + chunk.len();
+            let (before, after) = plan.context(start as u64..end as u64);
+            let context = Context {
+                before: &file[start - before as usize..start],
+                after: &file[end..end + after as usize],
+            };
+            plan.apply(start as u64, chunk, context);
+        }
+        region
     }
 
     #[test]
     fn applying_the_plan_chunk_by_chunk_repacks_exactly_the_planned_groups() {
-        let chunk_bytes = 1024u64;
-        let plan = RepackPlan {
-            chunk_bytes,
-            tensors: vec![planned(100, 40), planned(1460, 64)],
-        };
-        let file: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 13) as u8).collect();
-        let mut region = file.clone();
-        for (c, chunk) in region.chunks_mut(chunk_bytes as usize).enumerate() {
-            plan.apply(c as u64 * chunk_bytes, chunk);
-        }
-        for t in &plan.tensors {
-            let bits = plan.packed_groups(t.offset).expect("planned");
-            let group_bytes = t.group_bytes() as usize;
-            for g in 0..t.rows.div_ceil(GROUP_ROWS) {
-                let start = t.offset as usize + g * group_bytes;
-                let end = (start + group_bytes).min(t.offset as usize + t.rows * t.row_bytes);
-                let packed = bits[g / 64] >> (g % 64) & 1 == 1;
-                assert_eq!(packed, t.packed(g, chunk_bytes));
-                if packed {
-                    let mut natural = vec![0u8; group_bytes];
-                    rows16::unpack_group(t.ty, t.cols, &region[start..end], &mut natural).unwrap();
-                    assert_eq!(natural, file[start..end], "group {g} at {start}");
-                    assert_ne!(region[start..end], file[start..end]);
-                } else {
-                    assert_eq!(region[start..end], file[start..end], "group {g} untouched");
+        let file: Vec<u8> = (0..16384u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        for chunk_bytes in [1024u64, 4352, 8192] {
+            let plan = RepackPlan {
+                chunk_bytes,
+                tensors: vec![planned(100, 40), planned(1460, 64), planned(5000, 200)],
+            };
+            let region = load(&plan, &file);
+            let mut straddling_packed = 0;
+            for t in &plan.tensors {
+                let bits = plan.packed_groups(t.offset).expect("planned");
+                for g in 0..t.rows.div_ceil(GROUP_ROWS) {
+                    let range = t.group_range(g);
+                    let (start, end) = (range.start as usize, range.end as usize);
+                    let packed = bits[g / 64] >> (g % 64) & 1 == 1;
+                    assert_eq!(packed, t.packed(g, chunk_bytes));
+                    if packed {
+                        let mut natural = vec![0u8; end - start];
+                        rows16::unpack_group(t.ty, t.cols, &region[start..end], &mut natural)
+                            .unwrap();
+                        assert_eq!(natural, file[start..end], "group {g} at {start}");
+                        assert_ne!(region[start..end], file[start..end]);
+                        if start as u64 / chunk_bytes != (end as u64 - 1) / chunk_bytes {
+                            straddling_packed += 1;
+                        }
+                    } else {
+                        assert_eq!(region[start..end], file[start..end], "group {g} untouched");
+                    }
                 }
             }
+            assert_eq!(
+                straddling_packed > 0,
+                chunk_bytes >= 4352,
+                "chunks of {chunk_bytes}: {straddling_packed} straddling groups packed"
+            );
+            // Bytes outside the matrices are never touched.
+            assert_eq!(region[..100], file[..100]);
+            assert_eq!(region[11800..], file[11800..]);
+            assert_eq!(plan.packed_groups(101), None);
         }
-        // Bytes outside the matrices are never touched.
-        assert_eq!(region[..100], file[..100]);
-        assert_eq!(plan.packed_groups(101), None);
     }
 }

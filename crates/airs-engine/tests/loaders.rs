@@ -136,8 +136,9 @@ fn loaders_match_baseline(path: &Path, prompt: &[u32], steps: usize) {
 }
 
 /// Loaders that repack matrices for `rt`'s kernels (`airs_engine::repack`) yield bitwise the
-/// logits of the file's layout, with whole load chunks and with 64 KiB chunks (where many
-/// 16-row groups straddle a chunk and stay in the file's layout), for a prompt longer than the
+/// logits of the file's layout, with the default 2 MiB load chunks (where every whole 16-row
+/// group is repacked, those that straddle two chunks too) and with 64 KiB chunks (where many
+/// straddle a chunk and stay in the file's layout), for a prompt longer than the
 /// rows16 kernels' 16 tokens (the tiled kernels over unpacked groups), a short one and decode.
 /// Returns the matrices the eager loader repacked.
 fn repacked_loaders_match_baseline(path: &Path, prompts: &[&[u32]], steps: usize) -> usize {
@@ -165,9 +166,20 @@ fn repacked_loaders_match_baseline(path: &Path, prompts: &[&[u32]], steps: usize
                 .iter()
                 .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
                 .chain([&model.output]);
-            let packed = matrices.filter(|t| t.packed.is_some()).count();
+            let packed = matrices.clone().filter(|t| t.packed.is_some()).count();
             let planned = opened.region().transform().is_some();
             assert_eq!(planned, packed > 0, "{name}");
+            if options.chunk_bytes == airs_memory::DEFAULT_CHUNK_BYTES {
+                for t in matrices.filter(|t| t.packed.is_some()) {
+                    let bits = t.packed.as_deref().unwrap();
+                    let groups: u32 = bits.iter().map(|b| b.count_ones()).sum();
+                    assert_eq!(
+                        groups as usize,
+                        t.rows / 16,
+                        "{name}: every whole group packed"
+                    );
+                }
+            }
             // The eager loader repacks wherever the kernels are fast; a lazy one falls back
             // to mmap (no repacking) where userfaultfd is refused, as under qemu-user.
             if name == "eager" {

@@ -40,7 +40,7 @@ use crate::region::{
 };
 use crate::storage::{Storage, sleep_until};
 use crate::sys::{self, AnonMapping};
-use crate::transform::Transform;
+use crate::transform::{ContextBuffers, Transform};
 use crate::uffd::Userfaultfd;
 
 /// Why the lazy loader could not start.
@@ -186,8 +186,10 @@ struct Worker {
 struct PendingChunk {
     chunk: usize,
     buf: Vec<u8>,
-    /// The read's result and when the device delivers it; `None` when an earlier error means
-    /// the chunk is to be zero-mapped.
+    /// The file's bytes around the chunk that the transform asked for.
+    context: ContextBuffers,
+    /// The read's result and when the device delivers it (chunk and context); `None` when an
+    /// earlier error means the chunk is to be zero-mapped.
     read: Option<Result<Option<Instant>, MemoryError>>,
 }
 
@@ -297,17 +299,27 @@ impl Worker {
         let r = self.plan.chunk_range(c, self.shared.file_len);
         let (offset, len) = (r.start as usize, (r.end - r.start) as usize);
         let copy_len = sys::round_up(len, self.page_size).min(self.map.len() - offset);
+        let mut context = ContextBuffers::default();
         let read = if self.shared.error.get().is_none() {
             if buf.len() < copy_len {
                 buf.resize(copy_len, 0);
             }
-            Some(self.storage.read_booked(r.start, &mut buf[..len]))
+            let chunk_read = self.storage.read_booked(r.start, &mut buf[..len]);
+            Some(match &self.transform {
+                Some(t) => chunk_read.and_then(|ready| {
+                    let around =
+                        context.read(&self.storage, &*t.0, r.clone(), self.shared.file_len)?;
+                    Ok(ready.max(around))
+                }),
+                None => chunk_read,
+            })
         } else {
             None
         };
         PendingChunk {
             chunk: c,
             buf,
+            context,
             read,
         }
     }
@@ -318,6 +330,7 @@ impl Worker {
         let PendingChunk {
             chunk: c,
             mut buf,
+            context,
             read,
         } = pending;
         let r = self.plan.chunk_range(c, self.shared.file_len);
@@ -332,7 +345,7 @@ impl Worker {
             if self.shared.error.get().is_none() {
                 let loaded = ready.and_then(|()| {
                     if let Some(t) = &self.transform {
-                        t.0.apply(r.start, &mut buf[..len]);
+                        t.0.apply(r.start, &mut buf[..len], context.get());
                     }
                     buf[len..copy_len].fill(0);
                     self.uffd

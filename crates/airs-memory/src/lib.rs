@@ -61,7 +61,7 @@ pub use loader::{
 };
 pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStats};
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
-pub use transform::{ChunkTransform, Transform};
+pub use transform::{ChunkTransform, Context, Transform};
 pub mod registry;
 pub use account::{ChargeInfo, ModelPool, PoolCharge, PoolFull, PoolUsage, PoolUse};
 pub use budget::{ModelPoolTooLarge, PoolBudget};

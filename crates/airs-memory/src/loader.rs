@@ -25,9 +25,9 @@ use crate::region::{
     FinalizeOptions, Memory, ModelRegion, NO_LAYER, Notice, NoticeKind, Shared, Status,
     finalize_anonymous, huge_pages_usable,
 };
-use crate::storage::Storage;
+use crate::storage::{Storage, sleep_until};
 use crate::sys::{self, AnonMapping, FileMapping};
-use crate::transform::Transform;
+use crate::transform::{ContextBuffers, Transform};
 
 /// Smallest allowed `chunk_bytes` (the kernel's own fault-around is 64 KiB).
 pub const MIN_CHUNK_BYTES: usize = 64 << 10;
@@ -373,6 +373,7 @@ fn load_eager(
         // SAFETY: the mapping was just created read-write, is not registered with a
         // userfaultfd, and nothing else references it until the region is built below.
         let dst = unsafe { map.as_mut_slice() };
+        let mut context = ContextBuffers::default();
         for c in 0..shared.chunk_count {
             let start = c as u64 * chunk_bytes;
             let end = (start + chunk_bytes).min(file_len);
@@ -382,7 +383,10 @@ fn load_eager(
             let chunk = &mut dst[start as usize..end as usize];
             storage.read_exact_at(start, chunk)?;
             if let Some(t) = &o.transform {
-                t.0.apply(start, chunk);
+                if let Some(ready) = context.read(&storage, &*t.0, start..end, file_len)? {
+                    sleep_until(ready);
+                }
+                t.0.apply(start, chunk, context.get());
             }
             storage.drop_cache(start, end - start);
             shared.mark_filled(c, end - start);

@@ -242,6 +242,9 @@ fn write_into_loaded_region_segfaults() {
         let options = LoadOptions::with_loader(loader.parse().unwrap());
         let region = load(&model, &options);
         region.loader().wait_resident().unwrap();
+        // The child dies below without running destructors: remove its file now (a mapping
+        // keeps the unlinked file's pages).
+        std::fs::remove_file(&model.path).unwrap();
         let p = region.as_bytes()[4096..].as_ptr() as *mut u8;
         // SAFETY: deliberately not sound: this child process exists to show that a write into
         // the read-only model region is stopped by the MMU (SIGSEGV) instead of happening.
@@ -289,17 +292,49 @@ fn wait_resident_timeout_reports_progress() {
     assert!(after >= Duration::from_millis(90), "{after:?}");
 }
 
-/// A transform that XORs every byte with a function of its file offset, recording the chunk
-/// offsets it saw.
+/// A transform that XORs every byte with a function of its file offset, and the first and last
+/// `context` bytes of each chunk with the file's bytes mirrored across the chunk's boundary
+/// (read from the context the loader passes), recording the chunk offsets it saw.
 #[derive(Debug)]
 struct OffsetXor {
     chunk_bytes: u64,
+    context: u64,
+    file_len: u64,
     seen: std::sync::Mutex<Vec<u64>>,
 }
 
 impl OffsetXor {
+    fn new(chunk_bytes: u64, context: u64) -> Self {
+        Self {
+            chunk_bytes,
+            context,
+            file_len: FILE_LEN,
+            seen: Default::default(),
+        }
+    }
+
     fn byte(offset: u64) -> u8 {
         (offset.wrapping_mul(2_654_435_761) >> 7) as u8
+    }
+
+    /// The region this transform must produce from `file`.
+    fn expected(&self, file: &[u8]) -> Vec<u8> {
+        let len = file.len();
+        let mut want: Vec<u8> = file
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b ^ Self::byte(i as u64))
+            .collect();
+        for start in (0..len).step_by(self.chunk_bytes as usize) {
+            let end = (start + self.chunk_bytes as usize).min(len);
+            for i in 0..(self.context as usize).min(start) {
+                want[start + i] ^= file[start - 1 - i];
+            }
+            for i in 0..(self.context as usize).min(len - end) {
+                want[end - 1 - i] ^= file[end + i];
+            }
+        }
+        want
     }
 }
 
@@ -308,11 +343,29 @@ impl airs_memory::ChunkTransform for OffsetXor {
         self.chunk_bytes
     }
 
-    fn apply(&self, offset: u64, bytes: &mut [u8]) {
+    fn context(&self, chunk: std::ops::Range<u64>) -> (u64, u64) {
+        assert_eq!(chunk.start % self.chunk_bytes, 0, "whole chunks");
+        (self.context, self.context)
+    }
+
+    fn apply(&self, offset: u64, bytes: &mut [u8], context: airs_memory::Context<'_>) {
         assert_eq!(offset % self.chunk_bytes, 0, "whole chunks");
+        let end = offset + bytes.len() as u64;
+        assert_eq!(context.before.len() as u64, self.context.min(offset));
+        assert_eq!(
+            context.after.len() as u64,
+            self.context.min(self.file_len - end)
+        );
         self.seen.lock().unwrap().push(offset);
         for (i, b) in bytes.iter_mut().enumerate() {
             *b ^= Self::byte(offset + i as u64);
+        }
+        for (i, b) in context.before.iter().rev().enumerate() {
+            bytes[i] ^= b;
+        }
+        let last = bytes.len() - 1;
+        for (i, b) in context.after.iter().enumerate() {
+            bytes[last - i] ^= b;
         }
     }
 
@@ -322,41 +375,41 @@ impl airs_memory::ChunkTransform for OffsetXor {
 }
 
 #[test]
-fn eager_and_lazy_apply_the_chunk_transform_to_every_chunk_and_mmap_applies_none() {
+fn eager_and_lazy_apply_the_chunk_transform_to_every_chunk_with_its_context_and_mmap_applies_none()
+{
     let model = standard_model(5);
     let file = std::fs::read(&model.path).unwrap();
-    let want: Vec<u8> = file
-        .iter()
-        .enumerate()
-        .map(|(i, b)| b ^ OffsetXor::byte(i as u64))
-        .collect();
+    assert_eq!(file.len() as u64, FILE_LEN);
     let chunk_bytes = 256 << 10;
-    for loader in [LoaderKind::Eager, LoaderKind::Lazy, LoaderKind::Mmap] {
-        let transform = std::sync::Arc::new(OffsetXor {
-            chunk_bytes: chunk_bytes as u64,
-            seen: Default::default(),
-        });
-        let options = LoadOptions {
-            chunk_bytes,
-            transform: Some(airs_memory::Transform(transform.clone())),
-            ..LoadOptions::with_loader(loader)
-        };
-        let region = load(&model, &options);
-        region.loader().wait_resident().unwrap();
-        let bytes = region.as_bytes();
-        if loader == LoaderKind::Mmap {
-            assert!(region.transform().is_none());
-            assert!(bytes == &file[..], "mmap maps the file itself");
-            assert!(transform.seen.lock().unwrap().is_empty());
-        } else {
-            assert!(region.transform().is_some(), "{loader}");
-            assert!(bytes == &want[..], "{loader}: every byte transformed once");
-            let mut seen = transform.seen.lock().unwrap().clone();
-            seen.sort_unstable();
-            let chunks: Vec<u64> = (0..FILE_LEN.div_ceil(chunk_bytes as u64))
-                .map(|c| c * chunk_bytes as u64)
-                .collect();
-            assert_eq!(seen, chunks, "{loader}: each chunk once");
+    for context in [0, 4099] {
+        for loader in [LoaderKind::Eager, LoaderKind::Lazy, LoaderKind::Mmap] {
+            let transform = std::sync::Arc::new(OffsetXor::new(chunk_bytes as u64, context));
+            let want = transform.expected(&file);
+            let options = LoadOptions {
+                chunk_bytes,
+                transform: Some(airs_memory::Transform(transform.clone())),
+                ..LoadOptions::with_loader(loader)
+            };
+            let region = load(&model, &options);
+            region.loader().wait_resident().unwrap();
+            let bytes = region.as_bytes();
+            if loader == LoaderKind::Mmap {
+                assert!(region.transform().is_none());
+                assert!(bytes == &file[..], "mmap maps the file itself");
+                assert!(transform.seen.lock().unwrap().is_empty());
+            } else {
+                assert!(region.transform().is_some(), "{loader}");
+                assert!(
+                    bytes == &want[..],
+                    "{loader}, context {context}: every byte transformed once, from the file's bytes"
+                );
+                let mut seen = transform.seen.lock().unwrap().clone();
+                seen.sort_unstable();
+                let chunks: Vec<u64> = (0..FILE_LEN.div_ceil(chunk_bytes as u64))
+                    .map(|c| c * chunk_bytes as u64)
+                    .collect();
+                assert_eq!(seen, chunks, "{loader}: each chunk once");
+            }
         }
     }
 }
@@ -366,10 +419,10 @@ fn a_transform_planned_for_other_chunks_is_refused() {
     let model = standard_model(6);
     let options = LoadOptions {
         chunk_bytes: 256 << 10,
-        transform: Some(airs_memory::Transform(std::sync::Arc::new(OffsetXor {
-            chunk_bytes: 128 << 10,
-            seen: Default::default(),
-        }))),
+        transform: Some(airs_memory::Transform(std::sync::Arc::new(OffsetXor::new(
+            128 << 10,
+            0,
+        )))),
         ..LoadOptions::with_loader(LoaderKind::Eager)
     };
     let err = ModelRegion::load(&model.path, standard_layout(), &options).unwrap_err();
