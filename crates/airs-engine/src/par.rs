@@ -306,16 +306,8 @@ impl<'a> RowJob<'a> {
 
     /// Rows `range` (starting at a group) of the product, for every token.
     fn compute(&self, range: Range<usize>) {
-        let w = self.w;
-        let mut r0 = range.start;
-        while r0 < range.end {
-            let packed = w.is_packed(r0 / G);
-            let mut r1 = (r0 + G).min(range.end);
-            while r1 < range.end && w.is_packed(r1 / G) == packed {
-                r1 = (r1 + G).min(range.end);
-            }
-            self.run(r0..r1, packed);
-            r0 = r1;
+        for (rows, packed) in layout_runs(self.w, range) {
+            self.run(rows, packed);
         }
     }
 
@@ -429,32 +421,21 @@ fn matmul_prepared(
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
     pool.for_chunks(rows, chunk, &|range| {
-        let w_rows = &data[range.start * w.row_bytes..range.end * w.row_bytes];
         let width = range.len();
         TILE.with(|tile| {
             let mut tile = tile.borrow_mut();
             tile.resize(tokens * width, 0.0);
-            if w.packed.is_some() {
-                // One 16-row group at a time, unpacked into a cache-resident buffer just
-                // before the tiled kernel repacks it.
-                NATURAL.with(|natural| {
-                    let mut natural = natural.borrow_mut();
-                    for r0 in range.clone().step_by(G) {
-                        let r1 = (r0 + G).min(range.end);
-                        let rows = unpack_group(
-                            w,
-                            r0,
-                            &data[r0 * w.row_bytes..r1 * w.row_bytes],
-                            &mut natural,
-                        );
-                        let o = &mut tile[r0 - range.start..];
-                        airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
-                            .expect("matmul geometry checked at model load");
-                    }
-                });
-            } else {
-                airs_kernels::matmul_prepared(isa, w.ty, w.cols, w_rows, prep, &mut tile, width)
-                    .expect("matmul geometry checked at model load");
+            // Runs of repacked groups (whose tiles the kernels make from the rows16 layout)
+            // and of rows in the file's layout.
+            for (run, packed) in layout_runs(w, range.clone()) {
+                let rows = &data[run.start * w.row_bytes..run.end * w.row_bytes];
+                let o = &mut tile[run.start - range.start..];
+                if packed {
+                    airs_kernels::matmul_prepared_rows16(isa, w.ty, w.cols, rows, prep, o, width)
+                } else {
+                    airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
+                }
+                .expect("matmul geometry checked at model load");
             }
             for t in 0..tokens {
                 let start = t * rows + range.start;
@@ -466,19 +447,21 @@ fn matmul_prepared(
     });
 }
 
-/// The rows `first ..` of `w` (their bytes `w_rows`: one group or the final partial one) in
-/// the file's layout: a repacked group unpacked into `buf`, any other returned as it is.
-fn unpack_group<'a>(
-    w: &TensorRef,
-    first: usize,
-    w_rows: &'a [u8],
-    buf: &'a mut Vec<u8>,
-) -> &'a [u8] {
-    if !w.is_packed(first / G) {
-        return w_rows;
-    }
-    buf.resize(w_rows.len(), 0);
-    airs_kernels::rows16::unpack_group(w.ty, w.cols, w_rows, buf)
-        .expect("repacked geometry checked by the plan");
-    buf
+/// Rows `range` of `w` (starting at a group) as maximal runs of whole groups in one layout:
+/// (rows, repacked into rows16). A matrix that is not repacked is one run in the file's layout.
+fn layout_runs(w: &TensorRef, range: Range<usize>) -> impl Iterator<Item = (Range<usize>, bool)> {
+    let mut r0 = range.start;
+    std::iter::from_fn(move || {
+        if r0 >= range.end {
+            return None;
+        }
+        let packed = w.is_packed(r0 / G);
+        let mut r1 = (r0 + G).min(range.end);
+        while r1 < range.end && w.is_packed(r1 / G) == packed {
+            r1 = (r1 + G).min(range.end);
+        }
+        let run = r0..r1;
+        r0 = r1;
+        Some((run, packed))
+    })
 }

@@ -431,14 +431,7 @@ pub fn matmul_prepared(
     out: &mut [f32],
     out_stride: usize,
 ) -> Result<(), KernelError> {
-    kernels(ty)?;
-    let kind = match (tiled::kind(ty), prep.key) {
-        (Some((kind, act)), Some(key)) if key == (kind, act, n, prep.tokens()) => kind,
-        _ => return Err(KernelError::Unprepared(ty)),
-    };
-    if !tiled::available(isa) {
-        return Err(KernelError::Unprepared(ty));
-    }
+    let kind = prepared_kind(isa, ty, n, prep)?;
     let tokens = prep.tokens();
     let Some((w_row_bytes, rows)) = matmul_geometry(ty, n, w_rows, tokens, out.len(), out_stride)?
     else {
@@ -448,4 +441,56 @@ pub fn matmul_prepared(
         tiled::run(isa, ty, kind, n, w_rows, w_row_bytes, prep, out, out_stride);
     }
     Ok(())
+}
+
+/// [`matmul_prepared`] on whole 16-row groups in the rows16 layout (`groups`, as
+/// [`rows16::repack_group`] writes them): bit-identical to [`matmul_prepared`] on the same
+/// rows in the file's layout, without unpacking them first where the kernels convert a group
+/// straight into their tile (x86: Q8_0, Q4_0, Q5_0).
+pub fn matmul_prepared_rows16(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    groups: &[u8],
+    prep: &PreparedActs,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Result<(), KernelError> {
+    let kind = prepared_kind(isa, ty, n, prep)?;
+    if !rows16::has_layout(ty) {
+        return Err(KernelError::UnsupportedType(ty));
+    }
+    let tokens = prep.tokens();
+    let Some((w_row_bytes, rows)) = matmul_geometry(ty, n, groups, tokens, out.len(), out_stride)?
+    else {
+        return Ok(());
+    };
+    check_len(
+        "rows16 groups",
+        rows.next_multiple_of(rows16::GROUP_ROWS),
+        rows,
+    )?;
+    if rows > 0 {
+        tiled::run_rows16(isa, ty, kind, n, groups, w_row_bytes, prep, out, out_stride);
+    }
+    Ok(())
+}
+
+/// The tiled kind of `ty` if `prep` was prepared for it, `n` values a row, and `isa` has the
+/// tiled kernels.
+fn prepared_kind(
+    isa: Isa,
+    ty: GgmlType,
+    n: usize,
+    prep: &PreparedActs,
+) -> Result<tiled::Kind, KernelError> {
+    kernels(ty)?;
+    match (tiled::kind(ty), prep.key) {
+        (Some((kind, act)), Some(key))
+            if key == (kind, act, n, prep.tokens()) && tiled::available(isa) =>
+        {
+            Ok(kind)
+        }
+        _ => Err(KernelError::Unprepared(ty)),
+    }
 }

@@ -102,3 +102,105 @@ fn avx512_repack_matches_scalar_repack() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_tiles_from_rows16_groups_equal_tiles_from_the_files_rows() {
+    if !available(Isa::Avx512) {
+        return;
+    }
+    let mut seed = 3;
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+        assert!(x86::rows16_direct(ty));
+        let (kind, _) = kind(ty).unwrap();
+        let n = 512;
+        let rb = crate::row_bytes(ty, n).unwrap();
+        let w = random_rows(ty, n, x86::TILE, &mut seed);
+        let mut packed = vec![0u8; w.len()];
+        crate::rows16::repack_group(ty, n, &w, &mut packed).unwrap();
+        let tb = tile_bytes(kind, n, x86::TILE);
+        let (mut a, mut b) = (vec![0xAAu8; tb], vec![0x55u8; tb]);
+        // SAFETY: `available` checked the CPU features.
+        unsafe {
+            x86::repack(ty, kind, n, &w, rb, &mut a);
+            x86::repack_rows16(ty, n, &packed, &mut b);
+        }
+        assert!(a == b, "{ty}: the tile from the rows16 group differs");
+    }
+}
+
+/// Every rows16 type and instruction set with tiled kernels: products over repacked groups
+/// equal those over the file's rows, bit for bit, for several token counts (a partial token
+/// group included) and an output stride wider than the rows.
+#[test]
+fn prepared_products_of_rows16_groups_equal_those_of_the_files_rows() {
+    let mut seed = 4;
+    let mut compared = 0;
+    for isa in [crate::Isa::detect(), crate::Isa::Scalar] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
+            let n = 512;
+            let rows = 3 * crate::rows16::GROUP_ROWS;
+            let w = random_rows(ty, n, rows, &mut seed);
+            let group_bytes = w.len() / 3;
+            let mut packed = vec![0u8; w.len()];
+            for (natural, group) in w
+                .chunks_exact(group_bytes)
+                .zip(packed.chunks_exact_mut(group_bytes))
+            {
+                crate::rows16::repack_group(ty, n, natural, group).unwrap();
+            }
+            let act = crate::act_type(ty).unwrap();
+            for tokens in [19, 40] {
+                let acts = random_acts(act, n, tokens, &mut seed);
+                let mut prep = PreparedActs::new();
+                if !crate::prepare_acts(isa, ty, n, &acts, &mut prep).unwrap() {
+                    continue;
+                }
+                let stride = rows + 5;
+                let mut want = vec![f32::NAN; tokens * stride];
+                let mut got = vec![f32::NAN; tokens * stride];
+                crate::matmul_prepared(isa, ty, n, &w, &prep, &mut want, stride).unwrap();
+                crate::matmul_prepared_rows16(isa, ty, n, &packed, &prep, &mut got, stride)
+                    .unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{isa:?} {ty} {tokens} tokens"
+                );
+                compared += 1;
+            }
+            assert!(
+                crate::matmul_prepared_rows16(
+                    isa,
+                    ty,
+                    n,
+                    &packed[..group_bytes / 2],
+                    &PreparedActs::new(),
+                    &mut [0.0; 64],
+                    64
+                )
+                .is_err()
+            );
+        }
+    }
+    assert_eq!(compared > 0, available(crate::Isa::detect()));
+}
+
+/// `tokens` activation rows of `n` random values in encoding `act`.
+fn random_acts(act: ActType, n: usize, tokens: usize, seed: &mut u64) -> Vec<u8> {
+    let row_bytes = act.row_bytes(n);
+    let mut acts = vec![0u8; tokens * row_bytes];
+    for row in acts.chunks_exact_mut(row_bytes) {
+        let x: Vec<f32> = (0..n)
+            .map(|_| ((rng(seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0)
+            .collect();
+        crate::quantize_act(act, &x, row).unwrap();
+    }
+    acts
+}

@@ -27,7 +27,9 @@ pub(super) const TILE: usize = 16;
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C. `w_rows` holds whole rows of
 /// `row_bytes` bytes of type `ty` with `n` values each, `prep` was built for (`kind`, `n`), and
-/// `out` holds `(tokens - 1) * out_stride + rows` values (checked by the caller).
+/// `out` holds `(tokens - 1) * out_stride + rows` values (checked by the caller). With
+/// `rows16`, `w_rows` holds whole groups in the rows16 layout instead, of a type where
+/// [`rows16_direct`] holds.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
@@ -39,9 +41,14 @@ pub(super) unsafe fn run(
     prep: &PreparedActs,
     out: &mut [f32],
     out_stride: usize,
+    rows16: bool,
 ) {
     let rows = w_rows.len() / row_bytes;
     let tokens = prep.tokens();
+    assert!(
+        !rows16 || (rows16_direct(ty) && rows.is_multiple_of(TILE)),
+        "rows16 input is whole groups of a type with a direct repack"
+    );
     if rows == 0 || tokens == 0 {
         return;
     }
@@ -62,14 +69,12 @@ pub(super) unsafe fn run(
             for (i, tile) in buf[..tiles * tb].chunks_exact_mut(tb).enumerate() {
                 let r0 = p0 + i * TILE;
                 let r1 = (r0 + TILE).min(p1);
-                repack(
-                    ty,
-                    kind,
-                    n,
-                    &w_rows[r0 * row_bytes..r1 * row_bytes],
-                    row_bytes,
-                    tile,
-                );
+                let w = &w_rows[r0 * row_bytes..r1 * row_bytes];
+                if rows16 {
+                    repack_rows16(ty, n, w, tile);
+                } else {
+                    repack(ty, kind, n, w, row_bytes, tile);
+                }
             }
             for g in 0..groups {
                 let t0 = g * GROUP;
@@ -343,6 +348,86 @@ pub(super) fn repack(
             GgmlType::Q4K => repack_q4k(&g, n / 256, dst),
             GgmlType::Q6K => repack_q6k(&g, n / 256, dst),
             _ => super::repack_scalar(ty, kind, n, w, row_bytes, TILE, 0x80, dst),
+        }
+    }
+}
+
+/// Whether [`repack_rows16`] converts groups of `ty`.
+pub(super) fn rows16_direct(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
+}
+
+/// The tile [`repack`] makes of 16 rows, from the same rows as one group of the rows16 layout
+/// (`group`, see `crate::rows16`), for a type where [`rows16_direct`] holds. Both layouts keep
+/// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
+/// Q4_0/Q5_0 their nibble split and fifth bits: a Q5_0 rows16 mask is already one bit per
+/// byte of its register) and the 16 scales widen to f32 — no transposes, unlike the repack of
+/// 16 separate rows. Byte for byte the same tile (tested).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]) {
+    let nb = n / 32;
+    let (block_bytes, masks) = match ty {
+        GgmlType::Q8_0 => (544, 0),
+        GgmlType::Q4_0 => (288, 0),
+        GgmlType::Q5_0 => (352, 64),
+        _ => panic!("no direct rows16 tile repack for {ty:?}"),
+    };
+    let rec = TILE * (32 + 4);
+    assert!(
+        n.is_multiple_of(32) && group.len() == nb * block_bytes && dst.len() >= nb * rec,
+        "rows16 tile repack geometry"
+    );
+    let m4 = _mm512_set1_epi8(0x0F);
+    for b in 0..nb {
+        let src = group[b * block_bytes..(b + 1) * block_bytes].as_ptr();
+        let r = dst[b * rec..(b + 1) * rec].as_mut_ptr();
+        // SAFETY: `src` spans one rows16 block (`block_bytes`: 32 bytes of scales, the masks,
+        // then 64-byte code registers) and `r` one tile record (8 code registers, 16 f32
+        // scales), both inside their slices by the assert; the loads and stores are unaligned.
+        unsafe {
+            let load = |at: usize| _mm512_loadu_si512(src.add(at).cast());
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(src.cast()));
+            match ty {
+                GgmlType::Q8_0 => {
+                    let flip = _mm512_set1_epi8(0x80u8 as i8);
+                    for k in 0..8 {
+                        store(r.add(64 * k), _mm512_xor_si512(load(32 + 64 * k), flip));
+                    }
+                }
+                GgmlType::Q4_0 => {
+                    // nibble − 8 + 128.
+                    let bias = _mm512_set1_epi8(120);
+                    for k in 0..4 {
+                        let q = load(32 + 64 * k);
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4);
+                        store(r.add(64 * k), _mm512_add_epi8(lo, bias));
+                        store(r.add(64 * (k + 4)), _mm512_add_epi8(hi, bias));
+                    }
+                }
+                _ => {
+                    // q5 − 16 + 128; mask j bit 4r + i = the fifth bit of code 4j + i of row r.
+                    let bias = _mm512_set1_epi8(112);
+                    let fifth = _mm512_set1_epi8(0x10);
+                    let mask = |j: usize| -> __mmask64 {
+                        std::ptr::read_unaligned(src.add(32 + 8 * j).cast::<u64>())
+                    };
+                    for k in 0..4 {
+                        let q = load(32 + masks + 64 * k);
+                        let lo = _mm512_or_si512(
+                            _mm512_and_si512(q, m4),
+                            _mm512_maskz_mov_epi8(mask(k), fifth),
+                        );
+                        let hi = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4),
+                            _mm512_maskz_mov_epi8(mask(k + 4), fifth),
+                        );
+                        store(r.add(64 * k), _mm512_add_epi8(lo, bias));
+                        store(r.add(64 * (k + 4)), _mm512_add_epi8(hi, bias));
+                    }
+                }
+            }
+            store_ps(r.add(512), d);
         }
     }
 }
