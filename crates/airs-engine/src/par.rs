@@ -137,15 +137,33 @@ pub(crate) fn matmul(
     tokens: usize,
     p: &mut Product<'_>,
 ) {
+    matmul_after(pool, isa, image, tokens, p, None);
+}
+
+/// [`matmul`], right after a product on this thread that prepared the tiled kernels'
+/// activations from `prepared` (what this function returned for it): when this product reads
+/// the same input and the tiled kernels serve it with the same activation layout (q, k and v
+/// of one type kind; gate and up), those activations are used again instead of prepared anew.
+/// Returns the input whose preparation this thread's buffer now holds, if any.
+fn matmul_after<'a>(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    tokens: usize,
+    p: &mut Product<'a>,
+    prepared: Option<&[u8]>,
+) -> Option<&'a [u8]> {
     let (w, acts) = (p.w, p.acts);
-    if !by_rows(w, tokens) && matmul_tiled(pool, isa, image, w, acts, tokens, p.out) {
-        return;
+    let same_input = prepared.is_some_and(|prev| std::ptr::eq(prev, acts));
+    if !by_rows(w, tokens) && matmul_tiled(pool, isa, image, w, acts, tokens, p.out, same_input) {
+        return Some(acts);
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out });
     pool.for_chunks(w.rows, job.chunk(pool.threads()), &|range| {
         job.compute(range)
     });
+    None
 }
 
 /// Several products of the same `tokens` input rows (q, k and v) in one pool job when the
@@ -161,8 +179,9 @@ pub(crate) fn matmuls(
     products: Vec<Product<'_>>,
 ) {
     if !products.iter().all(|p| by_rows(p.w, tokens)) {
+        let mut prepared = None;
         for mut p in products {
-            matmul(pool, isa, image, tokens, &mut p);
+            prepared = matmul_after(pool, isa, image, tokens, &mut p, prepared);
         }
         return;
     }
@@ -203,8 +222,8 @@ pub(crate) fn matmul_gated(
 ) {
     debug_assert_eq!(gate.w.rows, up.w.rows);
     if !(by_rows(gate.w, tokens) && by_rows(up.w, tokens)) {
-        matmul(pool, isa, image, tokens, &mut gate);
-        matmul(pool, isa, image, tokens, &mut up);
+        let prepared = matmul_after(pool, isa, image, tokens, &mut gate, None);
+        matmul_after(pool, isa, image, tokens, &mut up, prepared);
         const CHUNK: usize = 4096;
         let up = &*up.out;
         let writer = DisjointOut::new(gate.out);
@@ -238,8 +257,10 @@ fn by_rows(w: &TensorRef, tokens: usize) -> bool {
 }
 
 /// The product on the tiled kernels, if `w`'s type has them and `tokens` makes them pay:
-/// activations prepared once on the calling thread's buffer, then row chunks over the pool.
-/// Returns whether it ran.
+/// activations prepared once on the calling thread's buffer (or, with `same_input`, kept from
+/// the product just before, which read the same `acts`, when they fit `w`), then row chunks
+/// over the pool. Returns whether it ran.
+#[allow(clippy::too_many_arguments)]
 fn matmul_tiled(
     pool: &ThreadPool,
     isa: Isa,
@@ -248,13 +269,18 @@ fn matmul_tiled(
     acts: &[u8],
     tokens: usize,
     out: &mut [f32],
+    same_input: bool,
 ) -> bool {
     PREP.with(|prep| {
         let mut prep = prep.borrow_mut();
-        let ready = airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
-            .expect("matmul geometry checked at model load");
+        let kept = same_input && prep.fits(w.ty, w.cols, tokens);
+        let ready = kept
+            || airs_kernels::layout_prepared_acts(isa, w.ty, w.cols, tokens, &mut prep)
+                .expect("matmul geometry checked at model load");
         if ready {
-            prepare_acts(pool, w, acts, tokens, &mut prep);
+            if !kept {
+                prepare_acts(pool, w, acts, tokens, &mut prep);
+            }
             matmul_prepared(pool, isa, w, w.data(image), &prep, tokens, out);
         }
         ready

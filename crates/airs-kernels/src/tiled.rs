@@ -186,6 +186,16 @@ impl PreparedActs {
         PreparedActs::default()
     }
 
+    /// Whether the buffer is laid out as [`crate::layout_prepared_acts`] lays it out for `tokens`
+    /// rows of `n` values against weights of type `ty`: activations prepared for one weight type
+    /// then serve every type of the same tiled kind (Q8_0, Q4_0 and Q5_0 share one).
+    pub fn fits(&self, ty: GgmlType, n: usize, tokens: usize) -> bool {
+        match (kind(ty), self.key) {
+            (Some((kind, act)), Some(key)) => key == (kind, act, n, tokens),
+            _ => false,
+        }
+    }
+
     /// Number of activation rows (tokens) prepared, 0 if none.
     pub fn tokens(&self) -> usize {
         self.key.map_or(0, |k| k.3)
@@ -246,6 +256,48 @@ pub(crate) fn prepare(
     );
 }
 
+/// Σ of 32 codes as i8: on x86-64, `psadbw` (SSE2, always there) of the codes biased to u8;
+/// on aarch64, NEON's widening add across lanes (always there); elsewhere one by one. The
+/// byte-at-a-time loop this replaces took over half of `prepare_groups`, itself ~5 % of a
+/// Qwen2.5 prefill.
+#[inline]
+fn sum_i8(codes: &[u8; 32]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86-64; the loads read the 32 bytes of `codes` (unaligned).
+        unsafe {
+            let bias = _mm_set1_epi8(0x80u8 as i8);
+            let lo = _mm_xor_si128(_mm_loadu_si128(codes.as_ptr().cast()), bias);
+            let hi = _mm_xor_si128(_mm_loadu_si128(codes[16..].as_ptr().cast()), bias);
+            let zero = _mm_setzero_si128();
+            let s = _mm_add_epi64(_mm_sad_epu8(lo, zero), _mm_sad_epu8(hi, zero));
+            let total = _mm_cvtsi128_si64(s) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s));
+            total as i32 - 128 * 32
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        use std::arch::aarch64::*;
+        // SAFETY: NEON is part of aarch64; the loads read the 32 bytes of `codes`.
+        unsafe {
+            let lo = vld1q_s8(codes.as_ptr().cast());
+            let hi = vld1q_s8(codes[16..].as_ptr().cast());
+            i32::from(vaddlvq_s8(lo)) + i32::from(vaddlvq_s8(hi))
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        sum_i8_scalar(codes)
+    }
+}
+
+/// [`sum_i8`]'s reference.
+#[cfg_attr(any(target_arch = "x86_64", target_arch = "aarch64"), allow(dead_code))]
+fn sum_i8_scalar(codes: &[u8; 32]) -> i32 {
+    codes.iter().map(|&q| i32::from(q as i8)).sum()
+}
+
 fn put<const N: usize>(dst: &mut [u8], off: usize, v: [u8; N]) {
     dst[off..off + N].copy_from_slice(&v);
 }
@@ -285,7 +337,7 @@ pub(crate) fn prepare_groups(
                     {
                         let qs: &[u8; 32] = blk[2..].try_into().unwrap();
                         let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                        let sum: i32 = qs.iter().map(|&q| i32::from(q as i8)).sum();
+                        let sum = sum_i8(qs);
                         r[32 * t..32 * t + 32].copy_from_slice(qs);
                         put(r, 256 + 4 * t, dy.to_le_bytes());
                         put(r, 288 + 4 * t, (-128 * sum).to_le_bytes());

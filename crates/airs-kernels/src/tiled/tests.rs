@@ -204,3 +204,15 @@ fn random_acts(act: ActType, n: usize, tokens: usize, seed: &mut u64) -> Vec<u8>
     }
     acts
 }
+
+#[test]
+fn block_sums_of_i8_codes_equal_the_scalar_sum() {
+    let mut seed = 5;
+    let mut cases: Vec<[u8; 32]> = vec![[0x80; 32], [0x7F; 32], [0; 32], [0xFF; 32]];
+    cases.extend((0..2000).map(|_| std::array::from_fn(|_| rng(&mut seed) as u8)));
+    for codes in &cases {
+        assert_eq!(sum_i8(codes), sum_i8_scalar(codes), "{codes:?}");
+    }
+    assert_eq!(sum_i8(&[0x80; 32]), -128 * 32);
+    assert_eq!(sum_i8(&[0x7F; 32]), 127 * 32);
+}
