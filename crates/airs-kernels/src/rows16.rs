@@ -495,12 +495,31 @@ pub fn matmul_rows(
 /// then the codes (256..2304): for sub-block pair `j` and chunk `k`,
 /// 64 bytes holding `qs[32j + 4k ..][..4]` of row `r` at `4r` (low nibbles: codes `4k..4k+4`
 /// of sub-block `2j`; high: of `2j + 1`).
-mod q4k {
+pub(crate) mod q4k {
     use super::GROUP_ROWS;
 
     /// Bytes of one superblock of one row, and of a group.
-    pub(super) const BLOCK: usize = 144;
-    pub(super) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+    pub(crate) const BLOCK: usize = 144;
+    pub(crate) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+
+    /// Where, in a superblock-group, the 16 rows' 4-byte pieces at GGUF offset `x` of their
+    /// superblock lie side by side (a 64-byte register, row r at `4r`): the scale bytes
+    /// (`x` in 4..16) and the codes (16..144); `None` for `d`/`dmin` (0..4), which
+    /// [`halves`] places.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn register(x: usize) -> Option<usize> {
+        match x {
+            4..16 => Some(64 + 64 * ((x - 4) / 4)),
+            16..BLOCK => Some(256 + 512 * ((x - 16) / 32) + 64 * ((x - 16) % 32 / 4)),
+            _ => None,
+        }
+    }
+
+    /// Where the 16 rows' f16 at GGUF offset `x` (0: `d`, 2: `dmin`) lie side by side.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn halves(x: usize) -> usize {
+        16 * x
+    }
 
     /// Write GGUF row `r` (`row`: whole Q4_K blocks) into the packed group `packed`.
     pub(super) fn pack_row(packed: &mut [u8], r: usize, row: &[u8]) {
@@ -725,11 +744,11 @@ mod q4k {
 /// the hardware prefetchers follow: one token streams at 21-23 GB/s per thread, where the
 /// earlier layout (a `ql` plane and a `qh` plane, read in turn and revisited per quarter) gave
 /// 10-16 with software prefetch and 7 without (BENCHMARKS.md).
-mod q6k {
+pub(crate) mod q6k {
     use super::GROUP_ROWS;
 
-    pub(super) const BLOCK: usize = 210;
-    pub(super) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+    pub(crate) const BLOCK: usize = 210;
+    pub(crate) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
     pub(super) const SCALES: usize = 32;
     /// Where the code records start.
     const CODES: usize = 288;
@@ -742,6 +761,26 @@ mod q6k {
     /// Offset in a superblock-group of `qh` chunk `k` (0..8: `qh[32h + 4k ..]`) of half `h`.
     pub(super) const fn qh(h: usize, k: usize) -> usize {
         CODES + 1536 * h + 192 * k + 128
+    }
+
+    /// Where, in a superblock-group, the 16 rows' 4-byte pieces at GGUF offset `x` of their
+    /// superblock lie side by side (a 64-byte register, row r at `4r`): `ql` (0..128), `qh`
+    /// (128..192) and the scales (192..208); `None` for `d` (208..210), at [`halves`].
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn register(x: usize) -> Option<usize> {
+        match x {
+            0..128 => Some(ql(x / 64, x % 64 / 4)),
+            128..192 => Some(qh((x - 128) / 32, (x - 128) % 32 / 4)),
+            192..208 => Some(SCALES + 64 * ((x - 192) / 4)),
+            _ => None,
+        }
+    }
+
+    /// Where the 16 rows' f16 `d` (GGUF offset 208) lie side by side.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn halves(x: usize) -> usize {
+        debug_assert!(x == 208);
+        0
     }
 
     /// (GGUF offset within a block, rows16 offset within a superblock-group) of every

@@ -29,8 +29,10 @@
 //! `iqk_mul_mat` and llamafile's `tinyBLAS` (register tiles of rows × tokens, weights unpacked
 //! once per tile); the repack is per matmul call, into a per-thread buffer, and costs
 //! O(weights) against O(weights × tokens) of arithmetic. (Matrices the loader repacked into
-//! [`crate::rows16`] are unpacked for these kernels first; up to 16 tokens they take the
-//! rows16 kernels instead, which need no repack.) x86 stores codes biased by +128
+//! [`crate::rows16`] already hold a tile's registers: on x86 the repack reads them as plain
+//! loads, without the transposes; on NEON a group is unpacked into the file's layout first.
+//! Up to 16 tokens they take the rows16 kernels instead, which need no repack.) x86 stores
+//! codes biased by +128
 //! (`vpdpbusd` multiplies unsigned by signed bytes) and removes the bias exactly by starting
 //! from the activations' `−128·Σy`.
 //!

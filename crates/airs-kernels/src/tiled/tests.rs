@@ -110,7 +110,13 @@ fn avx512_tiles_from_rows16_groups_equal_tiles_from_the_files_rows() {
         return;
     }
     let mut seed = 3;
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
         assert!(x86::rows16_direct(ty));
         let (kind, _) = kind(ty).unwrap();
         let n = 512;

@@ -354,7 +354,10 @@ pub(super) fn repack(
 
 /// Whether [`repack_rows16`] converts groups of `ty`.
 pub(super) fn rows16_direct(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K
+    )
 }
 
 /// The tile [`repack`] makes of 16 rows, from the same rows as one group of the rows16 layout
@@ -362,9 +365,30 @@ pub(super) fn rows16_direct(ty: GgmlType) -> bool {
 /// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
 /// Q4_0/Q5_0 their nibble split and fifth bits: a Q5_0 rows16 mask is already one bit per
 /// byte of its register) and the 16 scales widen to f32 — no transposes, unlike the repack of
-/// 16 separate rows. Byte for byte the same tile (tested).
+/// 16 separate rows. The k-quants (Q4_K, Q6_K) run their repacks' own arithmetic on the
+/// group's registers ([`Group16`]). Byte for byte the same tile (tested).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]) {
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+        let kind = super::kind(ty).expect("k-quants have a tiled kind").0;
+        let nsb = n / crate::QK_K;
+        let g = Group16::new(ty, group);
+        assert!(
+            n.is_multiple_of(crate::QK_K)
+                && group.len() == nsb * g.group_block
+                && dst.len() >= nsb * tile_record_bytes(kind, TILE),
+            "rows16 tile repack geometry"
+        );
+        // SAFETY: the CPU features are this fn's; `g` reads the `nsb` superblock-groups that
+        // `group` holds (asserted), and `dst` holds a tile of `nsb` records.
+        unsafe {
+            match ty {
+                GgmlType::Q4K => repack_q4k(&g, nsb, dst),
+                _ => repack_q6k(&g, nsb, dst),
+            }
+        }
+        return;
+    }
     let nb = n / 32;
     let (block_bytes, masks) = match ty {
         GgmlType::Q8_0 => (544, 0),
@@ -521,6 +545,156 @@ impl Rows16 {
     }
 }
 
+/// Where the k-quant repacks read a tile's 16 rows from: the file's rows ([`Rows16`], a
+/// transpose per 16 bytes) or one group in the rows16 layout ([`Group16`], where the same
+/// registers are stored ready, as plain loads). Offsets are the file layout's, in a row.
+///
+/// # Safety (every method)
+/// The CPU has AVX-512 F/BW/VL; offsets are those of the type's fields inside the rows.
+trait TileRows {
+    /// Register k, lane r = bytes `off + 4k .. off + 4k + 4` of row r, for k < 4 (0 for
+    /// pieces that are not 4-byte fields of the rows16 layout: `d`, `dmin`).
+    unsafe fn quad(&self, off: usize) -> [__m512i; 4];
+    /// The f16 at `off` and at `off + 2` of every row, as f32 (Q4_K's `d` and `dmin`).
+    unsafe fn half_pair(&self, off: usize) -> (__m512, __m512);
+    /// The f16 at `off` (≥ 14) of every row, as f32 (Q6_K's `d`, its last two bytes).
+    unsafe fn half(&self, off: usize) -> __m512;
+    /// `v` in the tile's rows, 0 in padding lanes.
+    unsafe fn pad0(&self, v: __m512i) -> __m512i;
+    /// `v` in the tile's rows, the biased code 0 in padding lanes.
+    unsafe fn pad(&self, v: __m512i) -> __m512i;
+    /// Prefetch part `part` of `parts` of what follows.
+    fn prefetch_next(&self, part: usize, parts: usize);
+}
+
+impl TileRows for Rows16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn quad(&self, off: usize) -> [__m512i; 4] {
+        // SAFETY: the trait's contract is `Rows16::quad`'s.
+        unsafe { Rows16::quad(self, off) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn half_pair(&self, off: usize) -> (__m512, __m512) {
+        // SAFETY: the 16 bytes at `off` lie in the rows (the contract).
+        let dd = unsafe { Rows16::quad(self, off) }[0];
+        (f16_lo(dd), f16_lo(_mm512_srli_epi32::<16>(dd)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn half(&self, off: usize) -> __m512 {
+        // SAFETY: the 16 bytes ending with the f16 at `off` lie in the rows (the contract).
+        f16_lo(_mm512_srli_epi32::<16>(
+            unsafe { Rows16::quad(self, off - 14) }[3],
+        ))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn pad0(&self, v: __m512i) -> __m512i {
+        Rows16::pad0(self, v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn pad(&self, v: __m512i) -> __m512i {
+        Rows16::pad(self, v)
+    }
+
+    #[inline]
+    fn prefetch_next(&self, part: usize, parts: usize) {
+        Rows16::prefetch_next(self, part, parts)
+    }
+}
+
+/// One 16-row group of a k-quant in the rows16 layout, read through the layout's maps from a
+/// file-layout offset to where the 16 rows' pieces lie side by side.
+struct Group16 {
+    base: *const u8,
+    /// Bytes of one row's superblock, and of the group's.
+    block: usize,
+    group_block: usize,
+    register: fn(usize) -> Option<usize>,
+    halves: fn(usize) -> usize,
+}
+
+impl Group16 {
+    /// Group `group` (whole superblock-groups) of type `ty` (Q4_K or Q6_K).
+    fn new(ty: GgmlType, group: &[u8]) -> Group16 {
+        use crate::rows16::{q4k, q6k};
+        let (block, group_block, register, halves): (_, _, fn(_) -> _, fn(_) -> _) = match ty {
+            GgmlType::Q4K => (q4k::BLOCK, q4k::GROUP_BLOCK, q4k::register, q4k::halves),
+            GgmlType::Q6K => (q6k::BLOCK, q6k::GROUP_BLOCK, q6k::register, q6k::halves),
+            _ => panic!("no rows16 k-quant layout for {ty:?}"),
+        };
+        assert!(
+            group.len().is_multiple_of(group_block),
+            "whole superblock-groups"
+        );
+        Group16 {
+            base: group.as_ptr(),
+            block,
+            group_block,
+            register,
+            halves,
+        }
+    }
+
+    /// The start of superblock-group `off / block` and the offset within a row's superblock.
+    fn at(&self, off: usize) -> (*const u8, usize) {
+        let (s, x) = (off / self.block, off % self.block);
+        (self.base.wrapping_add(s * self.group_block), x)
+    }
+}
+
+impl TileRows for Group16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn quad(&self, off: usize) -> [__m512i; 4] {
+        let (p, x) = self.at(off);
+        std::array::from_fn(|k| match (self.register)(x + 4 * k) {
+            // SAFETY: a register of a superblock-group inside the group (the contract: `off`
+            // is a field of a superblock the group holds).
+            Some(at) => unsafe { _mm512_loadu_si512(p.add(at).cast()) },
+            None => _mm512_setzero_si512(),
+        })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn half_pair(&self, off: usize) -> (__m512, __m512) {
+        // SAFETY: as `half`, for the two fields.
+        unsafe { (self.half(off), self.half(off + 2)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn half(&self, off: usize) -> __m512 {
+        let (p, x) = self.at(off);
+        // SAFETY: 16 f16 of a superblock-group inside the group (the contract).
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.add((self.halves)(x)).cast()) })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn pad0(&self, v: __m512i) -> __m512i {
+        v
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn pad(&self, v: __m512i) -> __m512i {
+        v
+    }
+
+    /// Nothing: a group is one sequential stream, which the hardware prefetchers follow.
+    #[inline]
+    fn prefetch_next(&self, _part: usize, _parts: usize) {}
+}
+
 /// f16 values in the low 16 bits of each lane, as f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -640,7 +814,7 @@ unsafe fn repack_q5_0(g: &Rows16, nb: usize, dst: &mut [u8]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn repack_q4k(g: &Rows16, nsb: usize, dst: &mut [u8]) {
+unsafe fn repack_q4k(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
     let kind = Kind::K {
         block: 32,
         min: true,
@@ -663,9 +837,10 @@ unsafe fn repack_q4k(g: &Rows16, nsb: usize, dst: &mut [u8]) {
         // SAFETY: superblock s spans 144s..144s+144 of each row: d/dmin at +0..4, scales at
         // +4..16, qs at +16..144; all stores are inside record s of `dst`.
         unsafe {
-            let [dd, a0, a1, a2] = g.quad(base);
-            store_ps(r, f16_lo(dd));
-            store_ps(r.add(64), f16_lo(_mm512_srli_epi32::<16>(dd)));
+            let (d, dmin) = g.half_pair(base);
+            let [_, a0, a1, a2] = g.quad(base);
+            store_ps(r, d);
+            store_ps(r.add(64), dmin);
             let sc_lo = _mm512_and_si512(a0, m6);
             let m_lo = _mm512_and_si512(a1, m6);
             let sc_hi = _mm512_or_si512(
@@ -713,7 +888,7 @@ unsafe fn repack_q4k(g: &Rows16, nsb: usize, dst: &mut [u8]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn repack_q6k(g: &Rows16, nsb: usize, dst: &mut [u8]) {
+unsafe fn repack_q6k(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
     let kind = Kind::K {
         block: 16,
         min: false,
@@ -734,7 +909,7 @@ unsafe fn repack_q6k(g: &Rows16, nsb: usize, dst: &mut [u8]) {
         // +128..192, scales at +192..208, d at +208..210 (the high half of dword 3 of the
         // 16-byte read at +194, which ends at +210); all stores are inside record s of `dst`.
         unsafe {
-            store_ps(r, f16_lo(_mm512_srli_epi32::<16>(g.quad(base + 194)[3])));
+            store_ps(r, g.half(base + 208));
             store_ps(r.add(64), _mm512_setzero_ps());
             for (c, &sc) in g.quad(base + 192).iter().enumerate() {
                 for j in 0..4 {
