@@ -67,7 +67,7 @@ impl Planned {
         let Range { start, end } = self.group_range(g);
         (g + 1) * GROUP_ROWS <= self.rows
             && (start / chunk_bytes == (end - 1) / chunk_bytes
-                || self.group_bytes() <= chunk_bytes / 8)
+                || self.group_bytes() <= airs_memory::max_context_bytes(chunk_bytes))
     }
 
     /// The groups that overlap the file range `range`.

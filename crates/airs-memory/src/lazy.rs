@@ -19,8 +19,9 @@
 //! After a copy the file's page-cache pages are dropped (no double residency). A read error
 //! (truncated or vanished file) sets a sticky error, and every unloaded chunk is then zero-mapped
 //! so that no reader ever hangs; the region is left unpinned and `wait_resident` returns the error.
-//! Cost: two threads and four chunk buffers during the load (the background thread keeps two
-//! chunk reads in flight while it copies the previous one); one pread + one UFFDIO_COPY per chunk.
+//! Cost: two threads and [`CHUNK_BUFFERS`] (three) chunk buffers during the load (the
+//! background thread keeps two chunk reads in flight, the fault handler reads one); one pread
+//! + one UFFDIO_COPY per chunk.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -212,6 +213,11 @@ const LOADER_NICE: i32 = -5;
 /// late wake-up of up to one chunk's transfer time (21 ms for 2 MiB at 100 MB/s) while both
 /// cores compute; a fault's read waits behind at most these.
 const READS_IN_FLIGHT: usize = 2;
+
+/// Chunk buffers a lazy load holds at most: the background thread's reads in flight (it
+/// reuses the buffer of each chunk it finishes) and the fault handler's one. Each chunk in
+/// flight may also carry a transform's context ([`crate::max_context_bytes`] a side).
+pub const CHUNK_BUFFERS: usize = READS_IN_FLIGHT + 1;
 
 enum Outcome {
     Done,

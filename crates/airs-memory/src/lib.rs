@@ -55,13 +55,14 @@ pub use kv_pool::{
     KvPoolStats, PinPolicy, PoolExhausted,
 };
 pub use layout::{RegionLayout, Span, SpanKind};
+pub use lazy::CHUNK_BUFFERS as LAZY_CHUNK_BUFFERS;
 pub use loader::{
     DEFAULT_CHUNK_BYTES, LoadOptions, LoadProgress, LoaderHandle, LoaderKind, MIN_CHUNK_BYTES,
     load_chunk_bytes,
 };
 pub use region::{Backing, ModelRegion, Notice, NoticeKind, RegionRef, RegionStats};
 pub use sys::{ThpMode, huge_page_size, page_size, thp_mode};
-pub use transform::{ChunkTransform, Context, Transform};
+pub use transform::{ChunkTransform, Context, Transform, max_context_bytes};
 pub mod registry;
 pub use account::{ChargeInfo, ModelPool, PoolCharge, PoolFull, PoolUsage, PoolUse};
 pub use budget::{ModelPoolTooLarge, PoolBudget};

@@ -39,8 +39,9 @@ pub trait ChunkTransform: Send + Sync + fmt::Debug {
     /// refused.
     fn chunk_bytes(&self) -> u64;
     /// How many of the file's bytes before and after the chunk at `chunk` (file offsets)
-    /// [`ChunkTransform::apply`] needs to rewrite it; each at most `chunk_bytes` and within the
-    /// file. The loader reads them with the chunk.
+    /// [`ChunkTransform::apply`] needs to rewrite it; each at most
+    /// [`max_context_bytes`]`(chunk_bytes)` (more is a bug, and the loader passes no more).
+    /// The loader reads them with the chunk.
     fn context(&self, chunk: Range<u64>) -> (u64, u64) {
         let _ = chunk;
         (0, 0)
@@ -71,6 +72,13 @@ impl fmt::Debug for Transform {
     }
 }
 
+/// The most context a transform may ask for on either side of a chunk of `chunk_bytes`: an
+/// eighth of it, so that a loader's context buffers hold at most a quarter of a chunk (what
+/// memory estimates count) and the extra reading stays below a quarter of the file.
+pub const fn max_context_bytes(chunk_bytes: u64) -> u64 {
+    chunk_bytes / 8
+}
+
 /// A loader's buffers for the [`Context`] of one chunk at a time.
 #[derive(Debug, Default)]
 pub(crate) struct ContextBuffers {
@@ -90,8 +98,13 @@ impl ContextBuffers {
         file_len: u64,
     ) -> Result<Option<Instant>> {
         let (before, after) = transform.context(chunk.clone());
-        let before = before.min(chunk.start);
-        let after = after.min(file_len.saturating_sub(chunk.end));
+        let most = max_context_bytes(transform.chunk_bytes());
+        debug_assert!(
+            before <= most && after <= most,
+            "context beyond max_context_bytes"
+        );
+        let before = before.min(most).min(chunk.start);
+        let after = after.min(most).min(file_len.saturating_sub(chunk.end));
         self.before.resize(before as usize, 0);
         self.after.resize(after as usize, 0);
         let mut ready = None;

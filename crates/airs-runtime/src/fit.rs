@@ -336,21 +336,28 @@ impl Overhead {
 }
 
 /// Bytes of the chunk buffers `loader` holds while loading a `file_bytes` file: the lazy
-/// loader's fault handler and filler each read chunks of `chunk_bytes` through one buffer; a
-/// file of one chunk is read by one of them.
+/// loader's [`airs_memory::LAZY_CHUNK_BUFFERS`] (its background thread's reads in flight and
+/// the fault handler's; never more than the file has chunks), and every chunk in flight,
+/// eager or lazy, may carry a repacking transform's context, up to
+/// [`airs_memory::max_context_bytes`] on either side.
 pub fn loader_buffer_bytes(
     loader: LoaderKind,
     file_bytes: u64,
     chunk_bytes: u64,
     page_bytes: u64,
 ) -> u64 {
+    let chunks = file_bytes.div_ceil(chunk_bytes);
+    let context = match chunks {
+        0 | 1 => 0,
+        _ => 2 * airs_memory::max_context_bytes(chunk_bytes),
+    };
     match loader {
         LoaderKind::Lazy => {
-            let chunks = file_bytes.div_ceil(chunk_bytes);
             let buffer = chunk_bytes.min(file_bytes).next_multiple_of(page_bytes);
-            chunks.min(2) * buffer
+            chunks.min(airs_memory::LAZY_CHUNK_BUFFERS as u64) * (buffer + context)
         }
-        LoaderKind::Eager | LoaderKind::Mmap => 0,
+        LoaderKind::Eager => context,
+        LoaderKind::Mmap => 0,
     }
 }
 
@@ -374,6 +381,32 @@ fn proc_status_kib(key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loader_buffers_count_each_chunk_in_flight_and_its_context() {
+        const MIB: u64 = 1 << 20;
+        let (chunk, page) = (2 * MIB, 4096);
+        // Three chunks in flight (two reads of the filler, one of the fault handler), each
+        // with up to an eighth of a chunk of context on either side.
+        assert_eq!(
+            loader_buffer_bytes(LoaderKind::Lazy, 400 * MIB, chunk, page),
+            3 * (chunk + chunk / 4)
+        );
+        assert_eq!(
+            loader_buffer_bytes(LoaderKind::Eager, 400 * MIB, chunk, page),
+            chunk / 4
+        );
+        assert_eq!(
+            loader_buffer_bytes(LoaderKind::Mmap, 400 * MIB, chunk, page),
+            0
+        );
+        // A file of one chunk: one buffer, nothing around it.
+        assert_eq!(
+            loader_buffer_bytes(LoaderKind::Lazy, MIB + 1, chunk, page),
+            MIB + page
+        );
+        assert_eq!(loader_buffer_bytes(LoaderKind::Eager, MIB, chunk, page), 0);
+    }
 
     fn qwen_like() -> ModelShape {
         ModelShape {
