@@ -5,8 +5,8 @@
 //! Design: like ggml's threadpool, workers spin briefly on an epoch counter after each job
 //! (matmuls in a forward pass are microseconds apart) and then sleep on a condition variable,
 //! so an idle engine burns no CPU. Cost per job: one mutex lock per worker plus an atomic
-//! increment per chunk, and a wake-up syscall only when a worker sleeps; no allocation. The
-//! thread count is explicit: nothing reads the environment.
+//! increment per chunk; no allocation. The thread count is explicit: nothing reads the
+//! environment.
 
 use std::any::Any;
 use std::ops::Range;
@@ -27,10 +27,6 @@ struct State {
     job: Option<Job>,
     shutdown: bool,
     panic: Option<Box<dyn Any + Send>>,
-    /// Workers waiting on `wake` (changed under the lock, so a job that bumps the epoch under
-    /// it knows whether anyone needs the wake-up syscall: in decode, where jobs come
-    /// microseconds apart, the workers are spinning and nobody does).
-    sleepers: usize,
 }
 
 struct Shared {
@@ -61,7 +57,6 @@ impl ThreadPool {
                 job: None,
                 shutdown: false,
                 panic: None,
-                sleepers: 0,
             }),
             wake: Condvar::new(),
             epoch: AtomicUsize::new(0),
@@ -105,18 +100,15 @@ impl ThreadPool {
         self.shared
             .remaining
             .store(self.threads - 1, Ordering::SeqCst);
-        let sleepers = {
+        {
             let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             state.job = Some(erased);
             state.epoch += 1;
             self.shared
                 .epoch
                 .store(state.epoch as usize, Ordering::SeqCst);
-            state.sleepers
-        };
-        if sleepers > 0 {
-            self.shared.wake.notify_all();
         }
+        self.shared.wake.notify_all();
         let own = catch_unwind(AssertUnwindSafe(|| job(0)));
         let started = Instant::now();
         let mut spins = 0u32;
@@ -181,9 +173,7 @@ fn worker(shared: &Shared, index: usize) {
         let job = {
             let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
             while state.epoch == seen && !state.shutdown {
-                state.sleepers += 1;
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
-                state.sleepers -= 1;
             }
             if state.shutdown {
                 return;
@@ -245,25 +235,6 @@ mod tests {
             });
         }
         assert_eq!(total.load(Ordering::Relaxed), 10_000 * 3);
-    }
-
-    #[test]
-    fn jobs_that_find_the_workers_asleep_wake_them() {
-        // Pauses past the spin time put the workers to sleep before every job; a job that did
-        // not wake them would never finish.
-        let pool = ThreadPool::new(3);
-        let total = AtomicU64::new(0);
-        for i in 0..40 {
-            if i % 2 == 0 {
-                std::thread::sleep(SPIN * 3);
-            }
-            pool.run(&|t| {
-                total.fetch_add(t as u64 + 1, Ordering::Relaxed);
-            });
-        }
-        assert_eq!(total.load(Ordering::Relaxed), 40 * 6);
-        let state = pool.shared.state.lock().unwrap();
-        assert!(state.sleepers <= 2, "{} sleepers", state.sleepers);
     }
 
     #[test]
