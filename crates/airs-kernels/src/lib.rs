@@ -446,7 +446,7 @@ pub fn matmul_prepared(
 /// [`matmul_prepared`] on whole 16-row groups in the rows16 layout (`groups`, as
 /// [`rows16::repack_group`] writes them): bit-identical to [`matmul_prepared`] on the same
 /// rows in the file's layout, without unpacking them first where the kernels convert a group
-/// straight into their tile (x86: Q8_0, Q4_0, Q5_0).
+/// straight into their tile (x86: every rows16 type).
 pub fn matmul_prepared_rows16(
     isa: Isa,
     ty: GgmlType,

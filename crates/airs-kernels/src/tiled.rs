@@ -696,7 +696,8 @@ pub(crate) fn tile_bytes(kind: Kind, n: usize, r: usize) -> usize {
 thread_local! {
     /// Per-thread scratch for repacked weight tiles.
     static REPACK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// Per-thread rows16 groups unpacked into the file's layout for `run_rows16`.
+    /// Per-thread rows16 groups unpacked into the file's layout for `run_rows16` (NEON).
+    #[cfg(not(target_arch = "x86_64"))]
     static NATURAL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Per-thread prepared activations for callers of plain `matmul`.
     static PREP: RefCell<PreparedActs> = const {
@@ -798,9 +799,9 @@ pub(crate) fn run(
 }
 
 /// [`run`] on whole groups in the rows16 layout (`groups`, see [`crate::rows16`]; rows of
-/// `row_bytes` in the file's layout): each group turned straight into a tile where the x86
-/// kernels can ([`x86::repack_rows16`]), else unpacked into the file's layout first, one group
-/// at a time in a per-thread buffer. The same tiles either way, so the same results.
+/// `row_bytes` in the file's layout): on x86 each group turned straight into a tile
+/// ([`x86::repack_rows16`]), on NEON unpacked into the file's layout first, one group at a time
+/// in a per-thread buffer. The same tiles either way, so the same results.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_rows16(
     isa: crate::Isa,
@@ -818,23 +819,25 @@ pub(crate) fn run_rows16(
         "tiled::run_rows16 without a tiled kernel for {isa:?}"
     );
     #[cfg(target_arch = "x86_64")]
-    if x86::rows16_direct(ty) {
-        // SAFETY: `available` verified AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the geometry
-        // contract is the caller's (lib.rs checks it, whole groups included).
-        unsafe { x86::run(ty, kind, n, groups, row_bytes, prep, out, out_stride, true) };
-        return;
+    // SAFETY: `available` verified AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the geometry
+    // contract is the caller's (lib.rs checks it, whole groups of a rows16 type included).
+    unsafe {
+        x86::run(ty, kind, n, groups, row_bytes, prep, out, out_stride, true)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let group_bytes = crate::rows16::GROUP_ROWS * row_bytes;
+        NATURAL.with(|natural| {
+            let mut natural = natural.borrow_mut();
+            natural.resize(group_bytes, 0);
+            for (g, group) in groups.chunks_exact(group_bytes).enumerate() {
+                crate::rows16::unpack_group(ty, n, group, &mut natural)
+                    .expect("whole groups of a rows16 type, checked by the caller");
+                let out = &mut out[g * crate::rows16::GROUP_ROWS..];
+                run(isa, ty, kind, n, &natural, row_bytes, prep, out, out_stride);
+            }
+        });
     }
-    let group_bytes = crate::rows16::GROUP_ROWS * row_bytes;
-    NATURAL.with(|natural| {
-        let mut natural = natural.borrow_mut();
-        natural.resize(group_bytes, 0);
-        for (g, group) in groups.chunks_exact(group_bytes).enumerate() {
-            crate::rows16::unpack_group(ty, n, group, &mut natural)
-                .expect("whole groups of a rows16 type, checked by the caller");
-            let out = &mut out[g * crate::rows16::GROUP_ROWS..];
-            run(isa, ty, kind, n, &natural, row_bytes, prep, out, out_stride);
-        }
-    });
 }
 
 /// One-activation-row matmul for a quant `ty` with a tiled layout on an `isa` where

@@ -117,7 +117,7 @@ fn avx512_tiles_from_rows16_groups_equal_tiles_from_the_files_rows() {
         GgmlType::Q4K,
         GgmlType::Q6K,
     ] {
-        assert!(x86::rows16_direct(ty));
+        assert!(crate::rows16::has_layout(ty));
         let (kind, _) = kind(ty).unwrap();
         let n = 512;
         let rb = crate::row_bytes(ty, n).unwrap();

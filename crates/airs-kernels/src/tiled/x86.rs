@@ -29,7 +29,7 @@ pub(super) const TILE: usize = 16;
 /// `row_bytes` bytes of type `ty` with `n` values each, `prep` was built for (`kind`, `n`), and
 /// `out` holds `(tokens - 1) * out_stride + rows` values (checked by the caller). With
 /// `rows16`, `w_rows` holds whole groups in the rows16 layout instead, of a type where
-/// [`rows16_direct`] holds.
+/// `crate::rows16::has_layout` holds.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
@@ -46,8 +46,8 @@ pub(super) unsafe fn run(
     let rows = w_rows.len() / row_bytes;
     let tokens = prep.tokens();
     assert!(
-        !rows16 || (rows16_direct(ty) && rows.is_multiple_of(TILE)),
-        "rows16 input is whole groups of a type with a direct repack"
+        !rows16 || (crate::rows16::has_layout(ty) && rows.is_multiple_of(TILE)),
+        "rows16 input is whole groups of a type with that layout"
     );
     if rows == 0 || tokens == 0 {
         return;
@@ -352,16 +352,8 @@ pub(super) fn repack(
     }
 }
 
-/// Whether [`repack_rows16`] converts groups of `ty`.
-pub(super) fn rows16_direct(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K
-    )
-}
-
 /// The tile [`repack`] makes of 16 rows, from the same rows as one group of the rows16 layout
-/// (`group`, see `crate::rows16`), for a type where [`rows16_direct`] holds. Both layouts keep
+/// (`group`, see `crate::rows16`), for every type with that layout. Both layouts keep
 /// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
 /// Q4_0/Q5_0 their nibble split and fifth bits: a Q5_0 rows16 mask is already one bit per
 /// byte of its register) and the 16 scales widen to f32 — no transposes, unlike the repack of
