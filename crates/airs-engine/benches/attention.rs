@@ -6,6 +6,11 @@
 //! The cache holds several layers so that a layer's rows are not in cache from the previous
 //! call (each call visits the next layer, as a decode step does).
 //!
+//! `AIRS_BENCH_QUERIES=Q` (1..=16, default 1) attends Q consecutive prompt rows at once, as a
+//! prefill block does (`KvCache::attend_queries`, the last row at the last cached position,
+//! each row causal); the GFLOP/s column counts the scores' and the weighted sum's
+//! multiply-adds (4 · head_dim per head and position attended).
+//!
 //! `cargo bench -p airs-engine --bench attention [-- FILTER...]` (a case runs if its label
 //! contains every FILTER word, e.g. `tinyllama f16 2048`).
 
@@ -33,15 +38,28 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Prompt rows attended per call (`AIRS_BENCH_QUERIES`, default 1: decode).
+fn queries() -> usize {
+    std::env::var("AIRS_BENCH_QUERIES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(1, |q| q.clamp(1, 16))
+}
+
 fn main() {
+    let queries = queries();
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
     println!(
-        "{:<36} {:>10} {:>10} {:>8}",
-        "case (single thread)", "µs/call", "ns/pos", "GB/s"
+        "{:<36} {:>10} {:>10} {:>8} {:>8}",
+        format!("case (single thread, {queries} queries)"),
+        "µs/call",
+        "ns/pos",
+        "GB/s",
+        "GFLOP/s"
     );
     for (name, head_dim, group) in SHAPES {
         for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
@@ -66,16 +84,17 @@ fn main() {
                     kv.store(layer, 0, &k, &v);
                 }
                 kv.set_len(context);
-                let q = floats(group * head_dim, 99);
-                let mut out = vec![0f32; group * head_dim];
-                let mut scores = vec![0f32; group * context];
+                let q = floats(queries * group * head_dim, 99);
+                let mut out = vec![0f32; queries * group * head_dim];
+                let mut scores = vec![0f32; queries * group * context];
                 let scale = 1.0 / (head_dim as f32).sqrt();
                 let mut layer = 0;
                 let mut call = || {
-                    kv.attend(
+                    kv.attend_queries(
                         layer,
                         0,
                         black_box(&q),
+                        queries,
                         0..context,
                         scale,
                         &mut out,
@@ -97,11 +116,15 @@ fn main() {
                 }
                 black_box(&out);
                 let bytes = 2 * context * row_bytes;
+                // Row i of the block attends context − queries + 1 + i positions.
+                let attended: usize = (0..queries).map(|i| context - queries + 1 + i).sum();
+                let flops = 4 * head_dim * group * attended;
                 println!(
-                    "{label:<36} {:>10.2} {:>10.1} {:>8.2}",
+                    "{label:<36} {:>10.2} {:>10.1} {:>8.2} {:>8.1}",
                     best * 1e6,
                     best * 1e9 / context as f64,
-                    bytes as f64 / best / 1e9
+                    bytes as f64 / best / 1e9,
+                    flops as f64 / best / 1e9
                 );
             }
         }

@@ -22,9 +22,10 @@ use airs_kernels::{
     GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes, rows16, xor_fold,
 };
 
-/// (type, rows, n): Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and ffn_down (Q4_K/Q6_K), TinyLlama
-/// ffn_up and ffn_down (Q4_K_M and Q8_0 files).
-const CASES: [(GgmlType, usize, usize); 9] = [
+/// (type, rows, n): TinyLlama ffn_up of a Q5_K_M file, Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and
+/// ffn_down (Q4_K/Q6_K), TinyLlama ffn_up and ffn_down (Q4_K_M and Q8_0 files).
+const CASES: [(GgmlType, usize, usize); 10] = [
+    (GgmlType::Q5K, 5632, 2048),
     (GgmlType::Q5_0, 4864, 896),
     (GgmlType::Q8_0, 4864, 896),
     (GgmlType::Q4_0, 4864, 896),

@@ -12,8 +12,9 @@
 //!   codes `16+4k..`. 288 bytes.
 //! - Q5_0 (22): 16 scales, then 8 little-endian u64 masks (mask `k` bit `4r+i` = the fifth
 //!   bit of code `4k+i` of row `r`), then the nibbles as Q4_0. 352 bytes.
-//! - Q4_K and Q6_K, per 256-value superblock: the 16 rows' scales as 16-lane planes and their
-//!   codes in 4-code × 16-row chunks (see the `q4k` and `q6k` modules). 2,304 and 3,360 bytes.
+//! - Q4_K, Q5_K and Q6_K, per 256-value superblock: the 16 rows' scales as 16-lane planes and
+//!   their codes in 4-code × 16-row chunks (see the `q4k`, `q5k` and `q6k` modules). 2,304,
+//!   2,816 and 3,360 bytes.
 //!
 //! A product then loads, per block, one register of 4 codes × 16 rows per chunk, multiplies
 //! it with 4 broadcast activation codes (`vpdpbusd`) into 16 row lanes, and runs the block's
@@ -69,6 +70,7 @@ type UnrowFn = fn(&[u8], usize, &mut [u8]);
 fn kquant_rows(ty: GgmlType) -> Option<(RowFn, UnrowFn)> {
     match ty {
         GgmlType::Q4K => Some((q4k::pack_row, q4k::unpack_row)),
+        GgmlType::Q5K => Some((q5k::pack_row, q5k::unpack_row)),
         GgmlType::Q6K => Some((q6k::pack_row, q6k::unpack_row)),
         _ => None,
     }
@@ -76,7 +78,13 @@ fn kquant_rows(ty: GgmlType) -> Option<(RowFn, UnrowFn)> {
 
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    geometry(ty).is_some() || matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+    geometry(ty).is_some() || is_kquant(ty)
+}
+
+/// Whether `ty` is one of the k-quants with a rows16 layout (256-value superblocks, Q8_K
+/// activations).
+fn is_kquant(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
 }
 
 /// Whether `isa` multiplies rows16 groups of `ty` with its own kernels on this CPU (else they
@@ -118,11 +126,7 @@ fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<(usize, usize), 
 
 /// Values per block of a rows16 type: 256 for the k-quants' superblocks, else 32.
 fn block_values(ty: GgmlType) -> usize {
-    if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
-        256
-    } else {
-        32
-    }
+    if is_kquant(ty) { 256 } else { 32 }
 }
 
 /// Repack one group: `natural` is 16 GGUF rows of `ty` with `n` values each, `packed` the
@@ -279,7 +283,7 @@ pub fn dequantize_row(
 ///
 /// The terms (only where [`fast`] says the kernels run): per row and block, the activation
 /// scale as f32; for Q8_0/Q4_0/Q5_0 the weight offset times the sum of the block's codes
-/// (`−off · Σ y`, exact in i32); for Q4_K/Q6_K the 16 sub-block sums and, for Q4_K, their
+/// (`−off · Σ y`, exact in i32); for Q4_K/Q5_K/Q6_K the 16 sub-block sums and, for Q4_K/Q5_K, their
 /// 32-value pairs packed as i16 for `vpdpwssd`. Cost: one pass over the activation rows.
 pub struct Activations<'a> {
     ty: GgmlType,
@@ -312,7 +316,7 @@ impl<'a> Activations<'a> {
         let row_bytes = crate::act_type(ty)?.row_bytes(n);
         let tokens = acts.len() / row_bytes.max(1);
         crate::check_len("rows16 activations", tokens * row_bytes, acts.len())?;
-        let kquant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+        let kquant = is_kquant(ty);
         let blocks = n / block_values(ty);
         let mut a = Activations {
             ty,
@@ -451,6 +455,8 @@ pub fn matmul_rows(
             unsafe {
                 if ty == GgmlType::Q4K {
                     x86::run_kquant::<q4k::x86::Kernel>(w, acts, t0..t1, outs);
+                } else if ty == GgmlType::Q5K {
+                    x86::run_kquant::<q5k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q6K {
                     x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else {
@@ -570,10 +576,7 @@ pub(crate) mod q4k {
 
         crate::rows16::x86::kquant_kernel!();
 
-        /// One group of `nb` superblocks; `f[t]` the 16 row dots with activation row `t`. Per
-        /// superblock, the scalar reference's integers `isum = Σ sc·sumi` and
-        /// `summ = Σ m·Σy` (exact), then its float step
-        /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
+        /// One group of `nb` superblocks; `f[t]` the 16 row dots with activation row `t`.
         ///
         /// # Safety
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
@@ -584,15 +587,42 @@ pub(crate) mod q4k {
             nb: usize,
             acts: &[Q8kAct<'_>],
         ) -> [__m512; T] {
+            // SAFETY: the contract is `k4`'s for Q4_K.
+            unsafe { k4::<T, false>(group, nb, acts) }
+        }
+
+        /// The Q4_K (`FIVE` false) and Q5_K (`FIVE`: the fifth bits of the q5k layout's
+        /// `qh` registers added to the nibbles) group kernel; `f[t]` the 16 row dots with
+        /// activation row `t`. Per superblock, the scalar reference's integers
+        /// `isum = Σ sc·sumi` and `summ = Σ m·Σy` (exact), then its float step
+        /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
+        ///
+        /// # Safety
+        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks
+        /// of the layout (`q4k`, or `q5k` when `FIVE`).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn k4<const T: usize, const FIVE: bool>(
+            group: &[u8],
+            nb: usize,
+            acts: &[Q8kAct<'_>],
+        ) -> [__m512; T] {
+            // Bytes of a superblock-group, and where its codes start (after the scales, and
+            // for Q5_K the `qh` registers).
+            let (group_block, codes) = if FIVE {
+                (crate::rows16::q5k::GROUP_BLOCK, crate::rows16::q5k::CODES)
+            } else {
+                (GROUP_BLOCK, 256)
+            };
             let mut f = [_mm512_setzero_ps(); T];
             let acts: &[Q8kAct<'_>; T] = acts.try_into().expect("T activation rows");
             let low = _mm512_set1_epi8(0x0F);
             let p = group.as_ptr();
             for b in 0..nb {
-                // SAFETY: superblock b of the group spans [2304·b, 2304·(b+1)) of `group`
-                // (caller).
+                // SAFETY: superblock b of the group spans [group_block·b, group_block·(b+1))
+                // of `group` (caller).
                 unsafe {
-                    let blk = p.add(GROUP_BLOCK * b);
+                    let blk = p.add(group_block * b);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
                     // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
@@ -645,22 +675,36 @@ pub(crate) mod q4k {
                     let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
                         // A quarter of the superblock 8 KiB ahead per quarter worked on.
-                        let part = GROUP_BLOCK / 4;
+                        let part = group_block / 4;
                         crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part, false);
-                        let qs = blk.add(256 + 512 * j);
+                        let qs = blk.add(codes + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
                         for k in 0..8 {
                             let v = _mm512_loadu_si512(qs.add(64 * k).cast());
                             lo[k] = _mm512_and_si512(v, low);
                             hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                            if FIVE {
+                                // Bits 2j (low nibbles) and 2j + 1 (high) of `qh` are the
+                                // codes' fifth bits: +16 where set.
+                                let qh = _mm512_loadu_si512(
+                                    blk.add(crate::rows16::q5k::QH + 64 * k).cast(),
+                                );
+                                let sixteen = _mm512_set1_epi8(0x10);
+                                let (u1, u2) = (1i8 << (2 * j), (2u8 << (2 * j)) as i8);
+                                let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
+                                let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
+                                lo[k] = _mm512_mask_add_epi8(lo[k], m1, lo[k], sixteen);
+                                hi4[k] = _mm512_mask_add_epi8(hi4[k], m2, hi4[k], sixteen);
+                            }
                         }
                         // Tokens in pairs: eight independent `vpdpbusd` chains in flight
                         // (four per token, each four deep: its 5-cycle latency hidden), so
                         // the two ports that run them stay busy; an odd last token alone.
                         // Each chain sums 16 values, |Σ q·y| ≤ 16·15·128 fits i16, so
                         // `vpdpwssd` against the scale (an i16 pair (sc, 0)) applies it
-                        // exactly, in place of `vpmulld` (2 µops, 10 cycles).
+                        // exactly, in place of `vpmulld` (2 µops, 10 cycles). Q5_K's codes
+                        // reach 31: its chains sum 8 values (≤ 8·31·128), eight per token.
                         // (Macros, not closures: a closure's body does not inherit the
                         // function's target features, and its intrinsics become calls.)
                         macro_rules! y_of {
@@ -674,29 +718,35 @@ pub(crate) mod q4k {
                             };
                         }
                         let (sc_lo, sc_hi) = (sc[2 * j], sc[2 * j + 1]);
+                        // Chains per half (sub-block) of each token: Q4_K 2 of 16 values,
+                        // chunk k's being k % 2; Q5_K 4 of 8 values, chunk k's k / 2.
+                        let half = if FIVE { 4 } else { 2 };
                         macro_rules! apply {
                             ($is:expr, $s:expr) => {{
-                                let v = _mm512_dpwssd_epi32($is, $s[0], sc_lo);
-                                let v = _mm512_dpwssd_epi32(v, $s[1], sc_lo);
-                                let v = _mm512_dpwssd_epi32(v, $s[2], sc_hi);
-                                _mm512_dpwssd_epi32(v, $s[3], sc_hi)
+                                let mut v = $is;
+                                for (c, s) in $s[..2 * half].iter().enumerate() {
+                                    let sc = if c < half { sc_lo } else { sc_hi };
+                                    v = _mm512_dpwssd_epi32(v, *s, sc);
+                                }
+                                v
                             }};
                         }
-                        // The four chains of each of the `$n` tokens of `$ys` (activation codes at
-                        // sub-block j), the tokens' `vpdpbusd` interleaved.
+                        // The `2 · half` chains of each of the `$n` tokens of `$ys` (activation
+                        // codes at sub-block pair j), the tokens' `vpdpbusd` interleaved.
                         macro_rules! chains {
                             ($n:literal, $ys:expr) => {{
                                 let ys: [*const i32; $n] = $ys;
-                                let mut s = [[_mm512_setzero_si512(); 4]; $n];
+                                let mut s = [[_mm512_setzero_si512(); 8]; $n];
                                 for k in 0..8 {
+                                    let c_lo = if FIVE { k / 2 } else { k % 2 };
+                                    let c_hi = half + c_lo;
                                     for (y, s) in ys.iter().zip(s.iter_mut()) {
                                         let lo_y = _mm512_set1_epi32(y.add(k).read_unaligned());
-                                        s[k % 2] = _mm512_dpbusd_epi32(s[k % 2], lo[k], lo_y);
+                                        s[c_lo] = _mm512_dpbusd_epi32(s[c_lo], lo[k], lo_y);
                                     }
                                     for (y, s) in ys.iter().zip(s.iter_mut()) {
                                         let hi_y = _mm512_set1_epi32(y.add(8 + k).read_unaligned());
-                                        s[2 + k % 2] =
-                                            _mm512_dpbusd_epi32(s[2 + k % 2], hi4[k], hi_y);
+                                        s[c_hi] = _mm512_dpbusd_epi32(s[c_hi], hi4[k], hi_y);
                                     }
                                 }
                                 s
@@ -728,6 +778,100 @@ pub(crate) mod q4k {
                 }
             }
             f
+        }
+    }
+}
+
+/// Q5_K in the rows16 layout: Q4_K's with the fifth bits. Per superblock of 256 values, the
+/// 16 rows' 176-byte blocks become 2,816 bytes: `d`, `dmin` and the three scale planes as in
+/// [`q4k`] (0..256); then `qh` (256..768) as 8 registers, register `k` holding
+/// `qh[4k..4k + 4]` of row `r` at `4r` (bit `u` of `qh[l]`: the fifth bit of value `32u + l`);
+/// then the codes (768..2816) as Q4_K's. A register of fifth bits lines up with code
+/// chunk `k` of every sub-block pair (`qs[32j + 4k ..]`, values `64j + 4k..` and
+/// `64j + 32 + 4k..`), whose bits are `2j` and `2j + 1` of its bytes; the kernel reads it
+/// with the first pair and from cache after, so a token still reads the group in address order.
+pub(crate) mod q5k {
+    use super::GROUP_ROWS;
+
+    pub(crate) const BLOCK: usize = 176;
+    pub(crate) const GROUP_BLOCK: usize = GROUP_ROWS * BLOCK;
+    /// Where the `qh` registers and the codes start in a superblock-group.
+    pub(crate) const QH: usize = 256;
+    pub(crate) const CODES: usize = 768;
+
+    /// Where, in a superblock-group, the 16 rows' 4-byte pieces at GGUF offset `x` of their
+    /// superblock lie side by side (a 64-byte register, row r at `4r`): the scale bytes
+    /// (`x` in 4..16), `qh` (16..48) and the codes (48..176); `None` for `d`/`dmin` (0..4),
+    /// which [`halves`] places.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn register(x: usize) -> Option<usize> {
+        match x {
+            4..16 => Some(64 + 64 * ((x - 4) / 4)),
+            16..48 => Some(QH + 64 * ((x - 16) / 4)),
+            48..BLOCK => Some(CODES + 512 * ((x - 48) / 32) + 64 * ((x - 48) % 32 / 4)),
+            _ => None,
+        }
+    }
+
+    /// Where the 16 rows' f16 at GGUF offset `x` (0: `d`, 2: `dmin`) lie side by side.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn halves(x: usize) -> usize {
+        16 * x
+    }
+
+    /// (offset in row `r`'s superblock, offset in the superblock-group) of every field of
+    /// 2 or 4 bytes, and its length.
+    fn pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let halves = [0, 2].map(|x| (x, halves(x) + 2 * r, 2));
+        let quads = (4..BLOCK)
+            .step_by(4)
+            .map(move |x| (x, register(x).expect("a 4-byte field") + 4 * r, 4));
+        halves.into_iter().chain(quads)
+    }
+
+    /// Write GGUF row `r` (`row`: whole Q5_K blocks) into the packed group `packed`.
+    pub(super) fn pack_row(packed: &mut [u8], r: usize, row: &[u8]) {
+        for (b, x) in row.chunks_exact(BLOCK).enumerate() {
+            let dst = &mut packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            for (from, to, len) in pieces(r) {
+                dst[to..to + len].copy_from_slice(&x[from..from + len]);
+            }
+        }
+    }
+
+    /// Read row `r` of the packed group `packed` back into GGUF blocks (`row`).
+    pub(super) fn unpack_row(packed: &[u8], r: usize, row: &mut [u8]) {
+        for (b, x) in row.chunks_exact_mut(BLOCK).enumerate() {
+            let src = &packed[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            for (to, from, len) in pieces(r) {
+                x[to..to + len].copy_from_slice(&src[from..from + len]);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod x86 {
+        use std::arch::x86_64::*;
+
+        use super::GROUP_BLOCK;
+        use crate::rows16::x86::{KquantGroup, Q8kAct};
+
+        crate::rows16::x86::kquant_kernel!();
+
+        /// One group of `nb` superblocks: Q4_K's kernel with the fifth bits
+        /// (`q4k::x86::k4`).
+        ///
+        /// # Safety
+        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn superblocks<const T: usize>(
+            group: &[u8],
+            nb: usize,
+            acts: &[Q8kAct<'_>],
+        ) -> [__m512; T] {
+            // SAFETY: the contract is `k4`'s for Q5_K.
+            unsafe { crate::rows16::q4k::x86::k4::<T, true>(group, nb, acts) }
         }
     }
 }
@@ -1355,16 +1499,17 @@ mod tests {
         p
     }
 
-    const TYPES: [GgmlType; 5] = [
+    const TYPES: [GgmlType; 6] = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
         GgmlType::Q4K,
+        GgmlType::Q5K,
         GgmlType::Q6K,
     ];
 
     fn kquant(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+        is_kquant(ty)
     }
 
     #[test]
@@ -1448,7 +1593,7 @@ mod tests {
 
     /// GGUF rows of `ty` (`n` values) whose codes, scales and mins are all at one extreme:
     /// the largest codes with the largest scales (`max`), or the smallest codes with the most
-    /// negative (Q6_K) or largest (Q4_K mins) scales.
+    /// negative (Q6_K) or largest (Q4_K/Q5_K mins) scales.
     fn extreme_weights(ty: GgmlType, n: usize, rows: usize, max: bool) -> Vec<u8> {
         let row_bytes = crate::row_bytes(ty, n).unwrap();
         let bb = row_bytes / (n / block_values(ty));
@@ -1464,7 +1609,8 @@ mod tests {
                     blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
                     blk[2..].fill(code);
                 }
-                GgmlType::Q4K => {
+                // (Q5_K: its `qh` at 16..48 sets or clears every fifth bit with the codes.)
+                GgmlType::Q4K | GgmlType::Q5K => {
                     blk[..2].copy_from_slice(&0x2C00u16.to_le_bytes());
                     blk[2..4].copy_from_slice(&0x2400u16.to_le_bytes());
                     blk[4..16].fill(0xFF);
@@ -1567,8 +1713,8 @@ mod tests {
         let natural = weights(GgmlType::Q8_0, 64, 1);
         let mut out = vec![0u8; natural.len() - 68];
         assert!(repack_group(GgmlType::Q8_0, 64, &natural[68..], &mut out).is_err());
-        assert!(!has_layout(GgmlType::Q5K));
+        assert!(!has_layout(GgmlType::Q3K));
         let mut o = vec![0u8; 16];
-        assert!(repack_group(GgmlType::Q5K, 256, &[0u8; 16], &mut o).is_err());
+        assert!(repack_group(GgmlType::Q3K, 256, &[0u8; 16], &mut o).is_err());
     }
 }

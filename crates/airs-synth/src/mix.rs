@@ -74,10 +74,20 @@ pub enum QuantMix {
     /// llama.cpp's Q4_K_M (file type 15): matrices Q4_K, `output.weight` Q6_K, and Q6_K for
     /// `attn_v` and `ffn_down` in the layers [`use_more_bits`] picks; vectors F32.
     Q4KM,
+    /// llama.cpp's Q5_K_M (file type 17): Q4_K_M's choices with Q5_K in place of Q4_K —
+    /// matrices Q5_K, `output.weight` Q6_K, and Q6_K for `attn_v` and `ffn_down` in the
+    /// layers [`use_more_bits`] picks; vectors F32.
+    Q5KM,
 }
 
 impl QuantMix {
-    pub const ALL: [QuantMix; 4] = [QuantMix::F32, QuantMix::F16, QuantMix::Q8_0, QuantMix::Q4KM];
+    pub const ALL: [QuantMix; 5] = [
+        QuantMix::F32,
+        QuantMix::F16,
+        QuantMix::Q8_0,
+        QuantMix::Q4KM,
+        QuantMix::Q5KM,
+    ];
 
     /// The name used on the command line and in file names.
     pub fn name(self) -> &'static str {
@@ -86,6 +96,7 @@ impl QuantMix {
             QuantMix::F16 => "f16",
             QuantMix::Q8_0 => "q8_0",
             QuantMix::Q4KM => "q4_k_m",
+            QuantMix::Q5KM => "q5_k_m",
         }
     }
 
@@ -96,12 +107,13 @@ impl QuantMix {
             QuantMix::F16 => 1,
             QuantMix::Q8_0 => 7,
             QuantMix::Q4KM => 15,
+            QuantMix::Q5KM => 17,
         }
     }
 
     /// Whether the mix uses block-quantized types (then `general.quantization_version` is 2).
     pub fn is_quantized(self) -> bool {
-        matches!(self, QuantMix::Q8_0 | QuantMix::Q4KM)
+        matches!(self, QuantMix::Q8_0 | QuantMix::Q4KM | QuantMix::Q5KM)
     }
 
     /// The type of a tensor with `role` in layer `layer` of `layers` (the layer is ignored
@@ -114,19 +126,23 @@ impl QuantMix {
             QuantMix::F32 => GgmlType::F32,
             QuantMix::F16 => GgmlType::F16,
             QuantMix::Q8_0 => GgmlType::Q8_0,
-            QuantMix::Q4KM => match role {
+            // Q4_K_M and Q5_K_M differ only in the type of the remaining matrices. (llama.cpp
+            // also raises phi3's fused `attn_qkv` one step, to Q5_K and Q6_K; not done here.)
+            QuantMix::Q4KM | QuantMix::Q5KM => match role {
                 TensorRole::Output => GgmlType::Q6K,
                 TensorRole::AttnV | TensorRole::FfnDown if use_more_bits(layer, layers) => {
                     GgmlType::Q6K
                 }
-                _ => GgmlType::Q4K,
+                _ if self == QuantMix::Q4KM => GgmlType::Q4K,
+                _ => GgmlType::Q5K,
             },
         }
     }
 }
 
 /// llama.cpp's `use_more_bits(i_layer, n_layers)`: the first and last eighth of the layers
-/// and every third layer in between, where Q4_K_M spends Q6_K on `attn_v` and `ffn_down`.
+/// and every third layer in between, where Q4_K_M and Q5_K_M spend Q6_K on `attn_v` and
+/// `ffn_down`.
 pub fn use_more_bits(layer: usize, layers: usize) -> bool {
     layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2
 }

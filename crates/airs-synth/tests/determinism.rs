@@ -14,6 +14,10 @@ fn same_seed_gives_identical_bytes_for_any_thread_count() {
             "tiny q4_k_m: 1 vs {threads} threads"
         );
     }
+    assert!(
+        generate(Shape::Tiny, QuantMix::Q5KM, 7, 1) == generate(Shape::Tiny, QuantMix::Q5KM, 7, 3),
+        "tiny q5_k_m: 1 vs 3 threads"
+    );
     for quant in [QuantMix::F16, QuantMix::Q8_0] {
         assert!(
             generate(Shape::Qwen2Tiny, quant, 7, 1) == generate(Shape::Qwen2Tiny, quant, 7, 3),
@@ -44,7 +48,8 @@ fn every_mix_of_one_seed_encodes_the_same_weights() {
     let f32_bytes = generate(Shape::Tiny, QuantMix::F32, 3, 2);
     let reference = Gguf::parse(&f32_bytes).unwrap();
     // Largest allowed |quantized - f32| for a value x: f16 rounds to 11 significant bits;
-    // (subnormals below 6e-5 to a fixed 6e-8); Q8_0 and Q4_K round to a step of about max|x| / 127 and max|x| / 15 per block.
+    // (subnormals below 6e-5 to a fixed 6e-8); Q8_0, Q4_K and Q5_K round to a step of about
+    // max|x| / 127, max|x| / 15 and max|x| / 31 per block.
     for (quant, tolerance) in [
         (
             QuantMix::F16,
@@ -52,6 +57,7 @@ fn every_mix_of_one_seed_encodes_the_same_weights() {
         ),
         (QuantMix::Q8_0, |_| 1e-3),
         (QuantMix::Q4KM, |_| 1e-2),
+        (QuantMix::Q5KM, |_| 5e-3),
     ] {
         let bytes = generate(Shape::Tiny, quant, 3, 2);
         let gguf = Gguf::parse(&bytes).unwrap();
@@ -103,7 +109,7 @@ fn errors_name_the_problem() {
     let e = "q4_k_s".parse::<QuantMix>().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown quantization mix \"q4_k_s\" (known: f32, f16, q8_0, q4_k_m)"
+        "unknown quantization mix \"q4_k_s\" (known: f32, f16, q8_0, q4_k_m, q5_k_m)"
     );
     let qwen_vocab = vocab(Shape::Qwen2Tiny);
     let e = Recipe::new(Shape::Tiny, QuantMix::F32, 1)

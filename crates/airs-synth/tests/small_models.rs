@@ -128,7 +128,13 @@ fn check_model(shape: Shape, quant: QuantMix) {
             assert_eq!(count(GgmlType::Q8_0), matrices);
             assert_eq!(count(GgmlType::F32), vectors);
         }
-        QuantMix::Q4KM => {
+        QuantMix::Q4KM | QuantMix::Q5KM => {
+            // Q5_K_M is Q4_K_M with Q5_K for the matrices Q4_K_M leaves Q4_K.
+            let base = if quant == QuantMix::Q4KM {
+                GgmlType::Q4K
+            } else {
+                GgmlType::Q5K
+            };
             let more_bits_layers = (0..hp.layers)
                 .filter(|&l| use_more_bits(l, hp.layers))
                 .count();
@@ -137,15 +143,15 @@ fn check_model(shape: Shape, quant: QuantMix) {
             let per_layer = if hp.fused { 1 } else { 2 };
             let q6k = 1 + per_layer * more_bits_layers;
             assert_eq!(count(GgmlType::Q6K), q6k, "{what}");
-            assert_eq!(count(GgmlType::Q4K), matrices - q6k);
+            assert_eq!(count(base), matrices - q6k, "{what}");
             assert_eq!(count(GgmlType::F32), vectors);
             assert_eq!(gguf.tensor("output.weight").unwrap().ty, GgmlType::Q6K);
-            assert_eq!(gguf.tensor("token_embd.weight").unwrap().ty, GgmlType::Q4K);
+            assert_eq!(gguf.tensor("token_embd.weight").unwrap().ty, base);
             for l in 0..hp.layers {
                 let want = if use_more_bits(l, hp.layers) {
                     GgmlType::Q6K
                 } else {
-                    GgmlType::Q4K
+                    base
                 };
                 let more_bits: &[&str] = if hp.fused {
                     &["ffn_down"]

@@ -18,6 +18,7 @@ fn bytes(ty: GgmlType, n: u64) -> u64 {
         GgmlType::F16 => 2 * n,
         GgmlType::Q8_0 => n / 32 * 34,
         GgmlType::Q4K => n / 256 * 144,
+        GgmlType::Q5K => n / 256 * 176,
         GgmlType::Q6K => n / 256 * 210,
         other => panic!("unexpected type {other}"),
     }
@@ -31,9 +32,11 @@ fn expected_table(quant: QuantMix) -> Vec<(String, Vec<u64>, GgmlType)> {
         QuantMix::F16 => F16,
         QuantMix::Q8_0 => Q8_0,
         QuantMix::Q4KM => Q4K,
+        QuantMix::Q5KM => Q5K,
     };
+    let k_mix = matches!(quant, QuantMix::Q4KM | QuantMix::Q5KM);
     let more_bits = |l: usize| {
-        if quant == QuantMix::Q4KM && use_more_bits(l, LAYERS) {
+        if k_mix && use_more_bits(l, LAYERS) {
             Q6K
         } else {
             matrix
@@ -58,7 +61,7 @@ fn expected_table(quant: QuantMix) -> Vec<(String, Vec<u64>, GgmlType)> {
             (n("ffn_down.weight"), vec![N_FF, N_EMBD], more_bits(l)),
         ]);
     }
-    let output = if quant == QuantMix::Q4KM { Q6K } else { matrix };
+    let output = if k_mix { Q6K } else { matrix };
     table.push(("output_norm.weight".into(), vec![N_EMBD], F32));
     table.push(("output.weight".into(), vec![N_EMBD, N_VOCAB], output));
     table
@@ -75,9 +78,10 @@ fn tinyllama_tensor_table_matches_llama_cpp_layout_for_every_mix() {
     }
 }
 
-#[test]
-fn tinyllama_q4_k_m_data_and_file_sizes_are_exact() {
-    let specs = plan(Shape::TinyLlama1_1B, QuantMix::Q4KM);
+/// Tensor count, Q6_K count, data size and file size of tinyllama-1.1b in `quant`, a k-quant
+/// mix whose tensor data takes `data_bytes`.
+fn check_k_mix_sizes(quant: QuantMix, data_bytes: u64) {
+    let specs = plan(Shape::TinyLlama1_1B, quant);
     assert_eq!(specs.len(), 3 + 9 * LAYERS);
     assert_eq!(
         specs.iter().filter(|t| t.ty == GgmlType::Q6K).count(),
@@ -90,11 +94,11 @@ fn tinyllama_q4_k_m_data_and_file_sizes_are_exact() {
         .sum();
     // Every tensor's size is a multiple of 32, so the data section has no padding.
     assert!(specs.iter().all(|t| t.bytes().unwrap() % 32 == 0));
-    assert_eq!(data, 667_078_656, "636.18 MiB of tensor data");
+    assert_eq!(data, data_bytes, "{quant}");
     let params: u64 = specs.iter().map(|t| t.dims.iter().product::<u64>()).sum();
     assert_eq!(params, 1_100_048_384);
 
-    let recipe = Recipe::new(Shape::TinyLlama1_1B, QuantMix::Q4KM, 1);
+    let recipe = Recipe::new(Shape::TinyLlama1_1B, quant, 1);
     assert_eq!(recipe.parameters(), params);
     let vocab = vocab(Shape::TinyLlama1_1B);
     let meta = recipe.metadata(&vocab).unwrap();
@@ -103,6 +107,18 @@ fn tinyllama_q4_k_m_data_and_file_sizes_are_exact() {
         recipe.file_size(&vocab).unwrap(),
         header.len() as u64 + data
     );
+}
+
+#[test]
+fn tinyllama_q4_k_m_data_and_file_sizes_are_exact() {
+    // 636.18 MiB of tensor data.
+    check_k_mix_sizes(QuantMix::Q4KM, 667_078_656);
+}
+
+#[test]
+fn tinyllama_q5_k_m_data_and_file_sizes_are_exact() {
+    // 745.11 MiB: the 913_833_984 values Q4_K_M stores as Q4_K take 32 more bytes per 256.
+    check_k_mix_sizes(QuantMix::Q5KM, 781_307_904);
 }
 
 #[test]

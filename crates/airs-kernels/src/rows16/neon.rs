@@ -24,7 +24,7 @@ use std::arch::aarch64::*;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::{Activations, GROUP_ROWS, q4k, q6k};
+use super::{Activations, GROUP_ROWS, q4k, q5k, q6k};
 use crate::GgmlType;
 use crate::tiled::neon::sdot_lane;
 
@@ -260,6 +260,8 @@ impl Legacy for Q5_0 {
 
 /// Q4_K superblocks: sub-blocks of 32 values (8 chunks); codes 0..=15.
 struct Q4K;
+/// Q5_K superblocks: Q4_K's with the fifth bits; codes 0..=31.
+struct Q5K;
 /// Q6_K superblocks: sub-blocks of 16 values (4 chunks); codes decoded as q − 32.
 struct Q6K;
 
@@ -280,6 +282,35 @@ impl Layout for Q4K {
                 } else {
                     vshrq_n_u8::<4>(v)
                 });
+            }
+            out
+        }
+    }
+}
+
+impl Layout for Q5K {
+    const GROUP_BLOCK: usize = q5k::GROUP_BLOCK;
+    const CHUNKS: usize = 64;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
+        // Chunk c: sub-block s = c / 8 as Q4_K's, whose fifth bits are bit s of the bytes of
+        // `qh` register c % 8.
+        let s = c / 8;
+        // SAFETY: NEON (caller); `qh` is bytes 256..768 of the superblock, the codes
+        // 768..2816.
+        unsafe {
+            let v = ld4(blk.add(q5k::CODES + 512 * (s / 2) + 64 * (c % 8)));
+            let h = ld4(blk.add(q5k::QH + 64 * (c % 8)));
+            let bit = vdupq_n_u8(1 << s);
+            let mut out = [vdupq_n_s8(0); 4];
+            for ((o, v), h) in out.iter_mut().zip(v).zip(h) {
+                let nib = if s.is_multiple_of(2) {
+                    vandq_u8(v, vdupq_n_u8(0x0F))
+                } else {
+                    vshrq_n_u8::<4>(v)
+                };
+                let fifth = vandq_u8(vtstq_u8(h, bit), vdupq_n_u8(0x10));
+                *o = vreinterpretq_s8_u8(vorrq_u8(nib, fifth));
             }
             out
         }
@@ -490,6 +521,16 @@ impl Kquant for Q4K {
             }
             t
         }
+    }
+}
+
+impl Kquant for Q5K {
+    const SUBS: usize = 8;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms {
+        // SAFETY: NEON (caller); `d`, `dmin` and the scale planes lie where Q4_K's do.
+        unsafe { <Q4K as Kquant>::terms(blk) }
     }
 }
 
@@ -843,6 +884,7 @@ unsafe fn groups<const TY: u8, const T: usize>(
                 1 => legacy_group::<Q4_0, T>(p, nb, &rows, buf),
                 2 => legacy_group::<Q5_0, T>(p, nb, &rows, buf),
                 3 => kquant_group::<Q4K, T>(p, nb, &rows, buf),
+                5 => kquant_group::<Q5K, T>(p, nb, &rows, buf),
                 _ => kquant_group::<Q6K, T>(p, nb, &rows, buf),
             }
         };
@@ -877,13 +919,14 @@ pub(super) unsafe fn run(
         GgmlType::Q5_0 => (2, Q5_0::GROUP_BLOCK, 34),
         GgmlType::Q4K => (3, Q4K::GROUP_BLOCK, 292),
         GgmlType::Q6K => (4, Q6K::GROUP_BLOCK, 292),
+        GgmlType::Q5K => (5, Q5K::GROUP_BLOCK, 292),
         _ => unreachable!("a rows16 type"),
     };
     let group_bytes = nb * block_bytes;
     let groups_n = w.len() / group_bytes.max(1);
     let terms = match ty_id {
         1 | 2 => acts.offset_sum.len(),
-        3 | 4 => acts.bsums.len(),
+        3..=5 => acts.bsums.len(),
         _ => usize::MAX,
     };
     assert!(
@@ -906,6 +949,7 @@ pub(super) unsafe fn run(
                     (1, $t) => groups::<1, $t>(w, group_bytes, acts, tokens.start, outs),
                     (2, $t) => groups::<2, $t>(w, group_bytes, acts, tokens.start, outs),
                     (3, $t) => groups::<3, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (5, $t) => groups::<5, $t>(w, group_bytes, acts, tokens.start, outs),
                     (_, $t) => groups::<4, $t>(w, group_bytes, acts, tokens.start, outs),
                 )*
                 _ => unreachable!("1..=16 activation rows"),

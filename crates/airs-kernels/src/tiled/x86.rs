@@ -345,7 +345,8 @@ pub(super) fn repack(
             GgmlType::Q8_0 => repack_q8_0(&g, n / 32, dst),
             GgmlType::Q4_0 => repack_q4_0(&g, n / 32, dst),
             GgmlType::Q5_0 => repack_q5_0(&g, n / 32, dst),
-            GgmlType::Q4K => repack_q4k(&g, n / 256, dst),
+            GgmlType::Q4K => repack_k4::<false>(&g, n / 256, dst),
+            GgmlType::Q5K => repack_k4::<true>(&g, n / 256, dst),
             GgmlType::Q6K => repack_q6k(&g, n / 256, dst),
             _ => super::repack_scalar(ty, kind, n, w, row_bytes, TILE, 0x80, dst),
         }
@@ -357,11 +358,11 @@ pub(super) fn repack(
 /// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
 /// Q4_0/Q5_0 their nibble split and fifth bits: a Q5_0 rows16 mask is already one bit per
 /// byte of its register) and the 16 scales widen to f32 — no transposes, unlike the repack of
-/// 16 separate rows. The k-quants (Q4_K, Q6_K) run their repacks' own arithmetic on the
+/// 16 separate rows. The k-quants (Q4_K, Q5_K, Q6_K) run their repacks' own arithmetic on the
 /// group's registers ([`Group16`]). Byte for byte the same tile (tested).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]) {
-    if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
         let kind = super::kind(ty).expect("k-quants have a tiled kind").0;
         let nsb = n / crate::QK_K;
         let g = Group16::new(ty, group);
@@ -375,7 +376,8 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
         // `group` holds (asserted), and `dst` holds a tile of `nsb` records.
         unsafe {
             match ty {
-                GgmlType::Q4K => repack_q4k(&g, nsb, dst),
+                GgmlType::Q4K => repack_k4::<false>(&g, nsb, dst),
+                GgmlType::Q5K => repack_k4::<true>(&g, nsb, dst),
                 _ => repack_q6k(&g, nsb, dst),
             }
         }
@@ -614,11 +616,12 @@ struct Group16 {
 }
 
 impl Group16 {
-    /// Group `group` (whole superblock-groups) of type `ty` (Q4_K or Q6_K).
+    /// Group `group` (whole superblock-groups) of type `ty` (Q4_K, Q5_K or Q6_K).
     fn new(ty: GgmlType, group: &[u8]) -> Group16 {
-        use crate::rows16::{q4k, q6k};
+        use crate::rows16::{q4k, q5k, q6k};
         let (block, group_block, register, halves): (_, _, fn(_) -> _, fn(_) -> _) = match ty {
             GgmlType::Q4K => (q4k::BLOCK, q4k::GROUP_BLOCK, q4k::register, q4k::halves),
+            GgmlType::Q5K => (q5k::BLOCK, q5k::GROUP_BLOCK, q5k::register, q5k::halves),
             GgmlType::Q6K => (q6k::BLOCK, q6k::GROUP_BLOCK, q6k::register, q6k::halves),
             _ => panic!("no rows16 k-quant layout for {ty:?}"),
         };
@@ -805,8 +808,9 @@ unsafe fn repack_q5_0(g: &Rows16, nb: usize, dst: &mut [u8]) {
     }
 }
 
+/// Q4_K, and Q5_K when `FIVE` (its fifth bits added to the nibbles).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn repack_q4k(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
+unsafe fn repack_k4<const FIVE: bool>(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
     let kind = Kind::K {
         block: 32,
         min: true,
@@ -822,12 +826,16 @@ unsafe fn repack_q4k(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
     let m30 = _mm512_set1_epi32(0x3030_3030);
     let byte0 = _mm512_set1_epi32(0xFF);
     let byte2 = _mm512_set1_epi32(0xFF_0000);
+    // Bytes of a superblock, and where its codes start (Q5_K: after `qh` at 16..48).
+    let (bytes, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
+    let sixteen = _mm512_set1_epi8(0x10);
     for s in 0..nsb {
         g.prefetch_next(s, nsb);
-        let base = 144 * s;
+        let base = bytes * s;
         let r = dst[s * rec..].as_mut_ptr();
-        // SAFETY: superblock s spans 144s..144s+144 of each row: d/dmin at +0..4, scales at
-        // +4..16, qs at +16..144; all stores are inside record s of `dst`.
+        // SAFETY: superblock s spans bytes·s..bytes·(s+1) of each row: d/dmin at +0..4,
+        // scales at +4..16, (Q5_K: qh at +16..48), qs at `qs_at`..; all stores are inside
+        // record s of `dst`.
         unsafe {
             let (d, dmin) = g.half_pair(base);
             let [_, a0, a1, a2] = g.quad(base);
@@ -864,13 +872,32 @@ unsafe fn repack_q4k(g: &impl TileRows, nsb: usize, dst: &mut [u8]) {
                 );
                 store(r.add(head + j as usize * sub + 512), g.pad0(v));
             }
+            // Q5_K: register k holds `qh[4k..4k + 4]`, whose bits 2p and 2p + 1 are the fifth
+            // bits of code chunk k of sub-block pair p.
+            let qh: [__m512i; 8] = if FIVE {
+                let [a, b] = [0, 1].map(|i| g.quad(base + 16 + 16 * i));
+                std::array::from_fn(|k| [a, b][k / 4][k % 4])
+            } else {
+                [_mm512_setzero_si512(); 8]
+            };
             for p in 0..4 {
                 let (lo_rec, hi_rec) = (r.add(head + 2 * p * sub), r.add(head + (2 * p + 1) * sub));
-                let qs = [g.quad(base + 16 + 32 * p), g.quad(base + 32 + 32 * p)];
+                let qs = [
+                    g.quad(base + qs_at + 32 * p),
+                    g.quad(base + qs_at + 16 + 32 * p),
+                ];
                 for k in 0..8 {
                     let q = qs[k / 4][k % 4];
-                    let lo = _mm512_or_si512(_mm512_and_si512(q, m4), flip);
-                    let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(q), m4), flip);
+                    let mut lo = _mm512_or_si512(_mm512_and_si512(q, m4), flip);
+                    let mut hi =
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(q), m4), flip);
+                    if FIVE {
+                        let (u1, u2) = ((1u8 << (2 * p)) as i8, (2u8 << (2 * p)) as i8);
+                        let m_lo = _mm512_test_epi8_mask(qh[k], _mm512_set1_epi8(u1));
+                        let m_hi = _mm512_test_epi8_mask(qh[k], _mm512_set1_epi8(u2));
+                        lo = _mm512_mask_add_epi8(lo, m_lo, lo, sixteen);
+                        hi = _mm512_mask_add_epi8(hi, m_hi, hi, sixteen);
+                    }
                     store(lo_rec.add(64 * k), g.pad(lo));
                     store(hi_rec.add(64 * k), g.pad(hi));
                 }
