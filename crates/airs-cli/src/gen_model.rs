@@ -12,7 +12,8 @@ pub struct GenModelArgs {
     /// Model shape: tiny, qwen2-tiny, qwen3-tiny, llama3-tiny, phi3-tiny or tinyllama-1.1b.
     #[arg(long)]
     shape: String,
-    /// Quantization mix: f32, f16, q8_0, q4_k_m or q5_k_m (llama.cpp's Q4_K_M and Q5_K_M).
+    /// Quantization mix: f32, f16, q8_0, q4_k_m, q5_k_m, q4_1 or q5_1 (llama.cpp's mixes of
+    /// those names).
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
     /// Seed of the random weights; the same seed, shape and mix give the same bytes.

@@ -223,26 +223,24 @@ fn gemma_repacked_weights_with_the_tied_embedding_give_bitwise_identical_logits(
     );
 }
 
-/// A generated Qwen2-shaped Q5_K_M file (airs-synth: Q5_K matrices; Q6_K output, and Q6_K
-/// `attn_v`/`ffn_down` in its last layer): its Q5_K matrices are repacked where the kernels
-/// are fast, and every loader gives the logits of the file's layout bit for bit, through the
-/// rows16 kernels (decode, a short prompt) and the tiles built from the groups (a prompt past
-/// 16 tokens).
-#[test]
-fn q5_k_m_repacked_weights_give_bitwise_identical_logits() {
-    use airs_synth::{QuantMix, Recipe, Shape, Vocabulary, default_vocab_dir};
+/// A generated Qwen2-shaped file of `mix` (airs-synth): its matrices of type `ty` are
+/// repacked where the kernels are fast, and every loader gives the logits of the file's
+/// layout bit for bit, through the rows16 kernels (decode, a short prompt) and the tiles built
+/// from the groups (a prompt past 16 tokens).
+fn generated_repacked_weights_match_baseline(mix: airs_synth::QuantMix, ty: airs_gguf::GgmlType) {
+    use airs_synth::{Recipe, Shape, Vocabulary, default_vocab_dir};
     let file = TempFile(std::env::temp_dir().join(format!(
-        "airs-engine-loaders-q5km-{}.gguf",
+        "airs-engine-loaders-{mix}-{}.gguf",
         std::process::id()
     )));
     let vocab = Vocabulary::for_shape(Shape::Qwen2Tiny, &default_vocab_dir()).unwrap();
-    Recipe::new(Shape::Qwen2Tiny, QuantMix::Q5KM, 1)
+    Recipe::new(Shape::Qwen2Tiny, mix, 1)
         .write_file(&file.0, &vocab, 2)
         .unwrap();
     let prompt: Vec<u32> = (0..24).map(|i| 9 + 6151 * i % 150_000).collect();
     let packed = repacked_loaders_match_baseline(&file.0, &[&prompt, &prompt[..3]], 3);
     let isa = Runtime::new(1).isa;
-    let fast = airs_kernels::rows16::fast(isa, airs_gguf::GgmlType::Q5K);
+    let fast = airs_kernels::rows16::fast(isa, ty);
     let opened = open_model(
         &file.0,
         &LoadOptions::with_loader(LoaderKind::Eager),
@@ -250,18 +248,37 @@ fn q5_k_m_repacked_weights_give_bitwise_identical_logits() {
     )
     .unwrap();
     let model = opened.model().unwrap();
-    let q5k: Vec<_> = model
+    let of_type: Vec<_> = model
         .layers
         .iter()
         .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-        .filter(|t| t.ty == airs_gguf::GgmlType::Q5K)
+        .filter(|t| t.ty == ty)
         .collect();
-    assert!(q5k.len() >= 12, "{} Q5_K matrices", q5k.len());
     assert!(
-        q5k.iter().all(|t| t.packed.is_some() == fast),
-        "Q5_K repacked iff fast"
+        of_type.len() >= 12,
+        "{mix}: {} {ty} matrices",
+        of_type.len()
     );
-    assert_eq!(packed > 0, fast, "{packed} repacked matrices");
+    assert!(
+        of_type.iter().all(|t| t.packed.is_some() == fast),
+        "{mix}: {ty} repacked iff fast"
+    );
+    assert_eq!(packed > 0, fast, "{mix}: {packed} repacked matrices");
+}
+
+/// Q5_K_M: Q5_K matrices, Q6_K output and, in the last layer, `attn_v`/`ffn_down`.
+#[test]
+fn q5_k_m_repacked_weights_give_bitwise_identical_logits() {
+    generated_repacked_weights_match_baseline(airs_synth::QuantMix::Q5KM, airs_gguf::GgmlType::Q5K);
+}
+
+/// Q4_1 and Q5_1 (whose blocks have a min): every matrix but the Q6_K output.
+#[test]
+fn q4_1_and_q5_1_repacked_weights_give_bitwise_identical_logits() {
+    use airs_gguf::GgmlType;
+    use airs_synth::QuantMix;
+    generated_repacked_weights_match_baseline(QuantMix::Q4_1, GgmlType::Q4_1);
+    generated_repacked_weights_match_baseline(QuantMix::Q5_1, GgmlType::Q5_1);
 }
 
 /// A file in the temp directory, removed on drop.

@@ -12,6 +12,8 @@
 //!   codes `16+4k..`. 288 bytes.
 //! - Q5_0 (22): 16 scales, then 8 little-endian u64 masks (mask `k` bit `4r+i` = the fifth
 //!   bit of code `4k+i` of row `r`), then the nibbles as Q4_0. 352 bytes.
+//! - Q4_1 (20) and Q5_1 (24): Q4_0's and Q5_0's layouts with the 16 rows' f16 mins after the
+//!   scales. 320 and 384 bytes.
 //! - Q4_K, Q5_K and Q6_K, per 256-value superblock: the 16 rows' scales as 16-lane planes and
 //!   their codes in 4-code × 16-row chunks (see the `q4k`, `q5k` and `q6k` modules). 2,304,
 //!   2,816 and 3,360 bytes.
@@ -38,9 +40,9 @@
 //! token stay in registers. The k-quant layouts are read in address order. One token of Q8_0
 //! or a k-quant is left to the hardware prefetchers (with software prefetches, `prefetcht0` of
 //! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
-//! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 prefetch into L2
-//! 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]): AVX-512 VNNI
-//! (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no
+//! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 (and Q4_1/Q5_1)
+//! prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]):
+//! AVX-512 VNNI (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no
 //! aarch64 hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not
 //! repack, and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout
 //! kernels.
@@ -53,26 +55,126 @@ mod neon;
 /// Rows per group.
 pub const GROUP_ROWS: usize = 16;
 
-/// Block geometry of a rows16 type: (bytes per 32-value block, bytes of masks per block-group
-/// after the scales).
-fn geometry(ty: GgmlType) -> Option<(usize, usize)> {
-    match ty {
-        GgmlType::Q8_0 => Some((34, 0)),
-        GgmlType::Q4_0 => Some((18, 0)),
-        GgmlType::Q5_0 => Some((22, 64)),
-        _ => None,
+/// A legacy rows16 type's block: where its fields lie in a GGUF block and in a block-group
+/// of the layout (the module documentation).
+#[derive(Copy, Clone, Debug)]
+struct Legacy {
+    /// Bytes of one GGUF block (32 values).
+    block: usize,
+    /// Whether the block has a min `m` (Q4_1, Q5_1), after `d`.
+    min: bool,
+    /// Whether the block has fifth bits `qh` (Q5_0, Q5_1), after `d` (and `m`).
+    five: bool,
+}
+
+impl Legacy {
+    /// Bytes of codes in a GGUF block (at its end): 32 for Q8_0, 16 nibble pairs otherwise.
+    const fn code_bytes(self) -> usize {
+        if self.block == 34 { 32 } else { 16 }
+    }
+
+    /// In a block-group: the 16 `m` (after the 16 `d`), the fifth-bit masks, the codes.
+    const fn mins_at(self) -> usize {
+        32
+    }
+    const fn masks_at(self) -> usize {
+        32 + if self.min { 32 } else { 0 }
+    }
+    const fn codes_at(self) -> usize {
+        self.masks_at() + if self.five { 64 } else { 0 }
+    }
+
+    /// Where `qh` lies in a GGUF block.
+    const fn qh_at(self) -> usize {
+        if self.min { 4 } else { 2 }
+    }
+
+    /// Write GGUF row `r` (`row`: whole blocks) into the packed group `packed`.
+    fn pack_row(self, packed: &mut [u8], r: usize, row: &[u8]) {
+        let (bb, code_bytes) = (self.block, self.code_bytes());
+        for (b, blk) in row.chunks_exact(bb).enumerate() {
+            let dst = &mut packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
+            dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+            if self.min {
+                let at = self.mins_at() + 2 * r;
+                dst[at..at + 2].copy_from_slice(&blk[2..4]);
+            }
+            for (k, four) in blk[bb - code_bytes..].chunks_exact(4).enumerate() {
+                let at = self.codes_at() + 64 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(four);
+            }
+            if self.five {
+                let qh = u32::from_le_bytes(blk[self.qh_at()..][..4].try_into().expect("4"));
+                for k in 0..8 {
+                    let at = self.masks_at() + 8 * k;
+                    let mut m = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
+                    m &= !(0xF << (4 * r));
+                    m |= u64::from((qh >> (4 * k)) & 0xF) << (4 * r);
+                    dst[at..at + 8].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// Read row `r` of the packed group `packed` back into GGUF blocks (`row`).
+    fn unpack_row(self, packed: &[u8], r: usize, row: &mut [u8]) {
+        let (bb, code_bytes) = (self.block, self.code_bytes());
+        for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+            let src = &packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
+            blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+            if self.min {
+                let at = self.mins_at() + 2 * r;
+                blk[2..4].copy_from_slice(&src[at..at + 2]);
+            }
+            for k in 0..code_bytes / 4 {
+                let at = self.codes_at() + 64 * k + 4 * r;
+                let d = bb - code_bytes + 4 * k;
+                blk[d..d + 4].copy_from_slice(&src[at..at + 4]);
+            }
+            if self.five {
+                let mut qh = 0u32;
+                for k in 0..8 {
+                    let at = self.masks_at() + 8 * k;
+                    let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+                    qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
+                }
+                let at = self.qh_at();
+                blk[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+            }
+        }
     }
 }
 
-/// Row packers of the k-quant layouts: (pack row `r` into a group, unpack it).
-type RowFn = fn(&mut [u8], usize, &[u8]);
-type UnrowFn = fn(&[u8], usize, &mut [u8]);
-fn kquant_rows(ty: GgmlType) -> Option<(RowFn, UnrowFn)> {
-    match ty {
-        GgmlType::Q4K => Some((q4k::pack_row, q4k::unpack_row)),
-        GgmlType::Q5K => Some((q5k::pack_row, q5k::unpack_row)),
-        GgmlType::Q6K => Some((q6k::pack_row, q6k::unpack_row)),
-        _ => None,
+/// The block of a legacy rows16 type.
+fn geometry(ty: GgmlType) -> Option<Legacy> {
+    let (block, min, five) = match ty {
+        GgmlType::Q8_0 => (34, false, false),
+        GgmlType::Q4_0 => (18, false, false),
+        GgmlType::Q5_0 => (22, false, true),
+        GgmlType::Q4_1 => (20, true, false),
+        GgmlType::Q5_1 => (24, true, true),
+        _ => return None,
+    };
+    Some(Legacy { block, min, five })
+}
+
+/// Row packers of every rows16 layout: (pack row `r` into a group, unpack it).
+fn pack_rows(ty: GgmlType, packed: &mut [u8], r: usize, row: &[u8]) {
+    match (geometry(ty), ty) {
+        (Some(l), _) => l.pack_row(packed, r, row),
+        (None, GgmlType::Q4K) => q4k::pack_row(packed, r, row),
+        (None, GgmlType::Q5K) => q5k::pack_row(packed, r, row),
+        (None, GgmlType::Q6K) => q6k::pack_row(packed, r, row),
+        _ => unreachable!("{ty} has no rows16 layout"),
+    }
+}
+fn unpack_rows(ty: GgmlType, packed: &[u8], r: usize, row: &mut [u8]) {
+    match (geometry(ty), ty) {
+        (Some(l), _) => l.unpack_row(packed, r, row),
+        (None, GgmlType::Q4K) => q4k::unpack_row(packed, r, row),
+        (None, GgmlType::Q5K) => q5k::unpack_row(packed, r, row),
+        (None, GgmlType::Q6K) => q6k::unpack_row(packed, r, row),
+        _ => unreachable!("{ty} has no rows16 layout"),
     }
 }
 
@@ -137,7 +239,7 @@ pub fn repack_group(
     natural: &[u8],
     packed: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (nb, group_bytes) = check_groups(ty, n, natural.len())?;
+    let (_, group_bytes) = check_groups(ty, n, natural.len())?;
     crate::check_len("rows16 packed group", group_bytes, packed.len())?;
     if natural.len() != group_bytes {
         return Err(KernelError::LengthMismatch {
@@ -146,37 +248,9 @@ pub fn repack_group(
             got: natural.len(),
         });
     }
-    if let Some((pack, _)) = kquant_rows(ty) {
-        let row_bytes = group_bytes / GROUP_ROWS;
-        for (r, row) in natural.chunks_exact(row_bytes).enumerate() {
-            pack(packed, r, row);
-        }
-        return Ok(());
-    }
-    let (bb, masks) = geometry(ty).expect("checked");
-    let row_bytes = nb * bb;
-    let code_bytes = bb - 2 - masks / GROUP_ROWS;
-    for b in 0..nb {
-        let dst = &mut packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
-        dst[32..32 + masks].fill(0);
-        for r in 0..GROUP_ROWS {
-            let blk = &natural[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb];
-            dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-            let qs = &blk[bb - code_bytes..];
-            for (k, four) in qs.chunks_exact(4).enumerate() {
-                let at = 32 + masks + 64 * k + 4 * r;
-                dst[at..at + 4].copy_from_slice(four);
-            }
-            if masks > 0 {
-                let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
-                for k in 0..8 {
-                    let at = 32 + 8 * k;
-                    let mut m = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
-                    m |= u64::from((qh >> (4 * k)) & 0xF) << (4 * r);
-                    dst[at..at + 8].copy_from_slice(&m.to_le_bytes());
-                }
-            }
-        }
+    let row_bytes = group_bytes / GROUP_ROWS;
+    for (r, row) in natural.chunks_exact(row_bytes).enumerate() {
+        pack_rows(ty, packed, r, row);
     }
     Ok(())
 }
@@ -188,7 +262,7 @@ pub fn unpack_group(
     packed: &[u8],
     natural: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (nb, group_bytes) = check_groups(ty, n, packed.len())?;
+    let (_, group_bytes) = check_groups(ty, n, packed.len())?;
     crate::check_len("rows16 natural group", group_bytes, natural.len())?;
     if packed.len() != group_bytes {
         return Err(KernelError::LengthMismatch {
@@ -197,36 +271,9 @@ pub fn unpack_group(
             got: packed.len(),
         });
     }
-    if let Some((_, unpack)) = kquant_rows(ty) {
-        let row_bytes = group_bytes / GROUP_ROWS;
-        for (r, row) in natural.chunks_exact_mut(row_bytes).enumerate() {
-            unpack(packed, r, row);
-        }
-        return Ok(());
-    }
-    let (bb, masks) = geometry(ty).expect("checked");
-    let row_bytes = nb * bb;
-    let code_bytes = bb - 2 - masks / GROUP_ROWS;
-    for b in 0..nb {
-        let src = &packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
-        for r in 0..GROUP_ROWS {
-            let blk = &mut natural[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb];
-            blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
-            for k in 0..code_bytes / 4 {
-                let at = 32 + masks + 64 * k + 4 * r;
-                let d = bb - code_bytes + 4 * k;
-                blk[d..d + 4].copy_from_slice(&src[at..at + 4]);
-            }
-            if masks > 0 {
-                let mut qh = 0u32;
-                for k in 0..8 {
-                    let at = 32 + 8 * k;
-                    let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
-                    qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
-                }
-                blk[2..6].copy_from_slice(&qh.to_le_bytes());
-            }
-        }
+    let row_bytes = group_bytes / GROUP_ROWS;
+    for (r, row) in natural.chunks_exact_mut(row_bytes).enumerate() {
+        unpack_rows(ty, packed, r, row);
     }
     Ok(())
 }
@@ -240,7 +287,7 @@ pub fn dequantize_row(
     r: usize,
     dst: &mut [f32],
 ) -> Result<(), KernelError> {
-    let (nb, group_bytes) = check_groups(ty, n, packed.len())?;
+    let (_, group_bytes) = check_groups(ty, n, packed.len())?;
     if packed.len() != group_bytes || r >= GROUP_ROWS {
         return Err(KernelError::LengthMismatch {
             what: "rows16 group row",
@@ -248,32 +295,8 @@ pub fn dequantize_row(
             got: packed.len(),
         });
     }
-    if let Some((_, unpack)) = kquant_rows(ty) {
-        let mut row = vec![0u8; group_bytes / GROUP_ROWS];
-        unpack(packed, r, &mut row);
-        return crate::dequantize_row(ty, &row, dst);
-    }
-    let (bb, masks) = geometry(ty).expect("checked");
-    let code_bytes = bb - 2 - masks / GROUP_ROWS;
-    let mut row = vec![0u8; nb * bb];
-    for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
-        let src = &packed[b * GROUP_ROWS * bb..(b + 1) * GROUP_ROWS * bb];
-        blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
-        for k in 0..code_bytes / 4 {
-            let at = 32 + masks + 64 * k + 4 * r;
-            let d = bb - code_bytes + 4 * k;
-            blk[d..d + 4].copy_from_slice(&src[at..at + 4]);
-        }
-        if masks > 0 {
-            let mut qh = 0u32;
-            for k in 0..8 {
-                let at = 32 + 8 * k;
-                let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
-                qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
-            }
-            blk[2..6].copy_from_slice(&qh.to_le_bytes());
-        }
-    }
+    let mut row = vec![0u8; group_bytes / GROUP_ROWS];
+    unpack_rows(ty, packed, r, &mut row);
     crate::dequantize_row(ty, &row, dst)
 }
 
@@ -283,7 +306,8 @@ pub fn dequantize_row(
 ///
 /// The terms (only where [`fast`] says the kernels run): per row and block, the activation
 /// scale as f32; for Q8_0/Q4_0/Q5_0 the weight offset times the sum of the block's codes
-/// (`−off · Σ y`, exact in i32); for Q4_K/Q5_K/Q6_K the 16 sub-block sums and, for Q4_K/Q5_K, their
+/// (`−off · Σ y`, exact in i32), for Q4_1/Q5_1 `dy · Σy` (the scalar reference's factor of
+/// the min); for Q4_K/Q5_K/Q6_K the 16 sub-block sums and, for Q4_K/Q5_K, their
 /// 32-value pairs packed as i16 for `vpdpwssd`. Cost: one pass over the activation rows.
 pub struct Activations<'a> {
     ty: GgmlType,
@@ -296,6 +320,8 @@ pub struct Activations<'a> {
     blocks: usize,
     dy: Vec<f32>,
     offset_sum: Vec<i32>,
+    /// Q4_1/Q5_1: `dy · Σy` per block, the factor of the weights' min.
+    min_sum: Vec<f32>,
     bsums: Vec<[i32; 16]>,
     min_pairs: Vec<[i32; 4]>,
 }
@@ -326,6 +352,7 @@ impl<'a> Activations<'a> {
             blocks,
             dy: Vec::new(),
             offset_sum: Vec::new(),
+            min_sum: Vec::new(),
             bsums: Vec::new(),
             min_pairs: Vec::new(),
         };
@@ -347,15 +374,22 @@ impl<'a> Activations<'a> {
                 }));
             }
         } else {
+            // The codes' offset (Q4_1/Q5_1 have none: their min term is `m · (dy·Σy)`).
             let off = match ty {
                 GgmlType::Q8_0 => 128,
                 GgmlType::Q4_0 => 8,
-                _ => 16,
+                GgmlType::Q5_0 => 16,
+                _ => 0,
             };
+            let min = geometry(ty).is_some_and(|l| l.min);
             for b in acts.chunks_exact(34) {
-                a.dy.push(crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
-                a.offset_sum
-                    .push(-off * b[2..].iter().map(|&q| i32::from(q as i8)).sum::<i32>());
+                let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                let sum = b[2..].iter().map(|&q| i32::from(q as i8)).sum::<i32>();
+                a.dy.push(dy);
+                a.offset_sum.push(-off * sum);
+                if min {
+                    a.min_sum.push(dy * sum as f32);
+                }
             }
         }
         Ok(a)
@@ -1184,7 +1218,9 @@ mod x86 {
         let (ty, nb) = (acts.ty, acts.blocks);
         assert!((1..=MAX_TOKENS).contains(&tokens.len()));
         assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
-        let (bb, _) = super::geometry(ty).expect("a legacy rows16 type");
+        let layout = super::geometry(ty).expect("a legacy rows16 type");
+        let bb = layout.block;
+        assert!(!layout.min || acts.min_sum.len() >= tokens.end * nb);
         let group_bytes = GROUP_ROWS * nb * bb;
         macro_rules! dispatch {
             ($($t:literal)*) => {
@@ -1192,7 +1228,9 @@ mod x86 {
                     $(
                         (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
                         (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (_, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q5_0, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q4_1, $t) => groups::<3, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (_, $t) => groups::<4, $t>(w, group_bytes, bb, acts, tokens.start, outs),
                     )*
                     _ => unreachable!("1..=16 activation rows"),
                 }
@@ -1223,11 +1261,17 @@ mod x86 {
         let dys: [*const f32; T] = std::array::from_fn(|t| acts.dy[(t0 + t) * nb..].as_ptr());
         let sums: [*const i32; T] =
             std::array::from_fn(|t| acts.offset_sum[(t0 + t) * nb..].as_ptr());
+        // Q4_1/Q5_1 only (else unread).
+        let mins: [*const f32; T] = std::array::from_fn(|t| {
+            acts.min_sum
+                .get((t0 + t) * nb..)
+                .map_or(std::ptr::null(), <[f32]>::as_ptr)
+        });
         for_groups(w, group_bytes, outs, |group, f| {
             // SAFETY: `group` is one whole group of this geometry (`for_groups`); the
-            // pointers address `nb` blocks of each of the `T` activation rows; CPU features
-            // are the caller's.
-            let dots = unsafe { blocks::<TY, T>(group, nb, bb, &ys, &dys, &sums) };
+            // pointers address `nb` blocks of each of the `T` activation rows (`mins` for
+            // Q4_1/Q5_1, asserted in `run`); CPU features are the caller's.
+            let dots = unsafe { blocks::<TY, T>(group, nb, bb, &ys, &dys, &sums, &mins) };
             f.copy_from_slice(&dots);
         });
     }
@@ -1389,15 +1433,17 @@ mod x86 {
         }
     }
 
-    /// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0; returns the 16 row dots with each of the
-    /// `T` activation rows (`ys[t]`: its blocks, `dys[t]`: their scales, `sums[t]`: their
-    /// offset terms).
+    /// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; returns the 16 row
+    /// dots with each of the `T` activation rows (`ys[t]`: its blocks, `dys[t]`: their
+    /// scales, `sums[t]`: their offset terms, `mins[t]`: Q4_1/Q5_1's `dy·Σy`).
     ///
     /// # Safety
     /// As [`run`]; `group` is one whole group of `nb` blocks of `bb` bytes per row; each
-    /// pointer addresses `nb` blocks (or values) of its activation row.
+    /// pointer addresses `nb` blocks (or values) of its activation row (`mins` only read for
+    /// Q4_1/Q5_1).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn blocks<const TY: u8, const T: usize>(
         group: &[u8],
         nb: usize,
@@ -1405,14 +1451,21 @@ mod x86 {
         ys: &[*const u8; T],
         dys: &[*const f32; T],
         sums: &[*const i32; T],
+        mins: &[*const f32; T],
     ) -> [__m512; T] {
         let mut f = [_mm512_setzero_ps(); T];
         let low = _mm512_set1_epi8(0x0F);
         let p = group.as_ptr();
+        // The layout's offsets in a block-group (`Legacy`): mins after the scales, then the
+        // fifth-bit masks, then the codes.
+        let (min, five) = (TY >= 3, TY == 2 || TY == 4);
+        let masks_at = if min { 64 } else { 32 };
+        let codes_at = masks_at + if five { 64 } else { 0 };
         for b in 0..nb {
             // SAFETY: block-group b spans bytes [16·bb·b, 16·bb·(b+1)) of `group`: scales at
-            // 0..32, masks (Q5_0) at 32..96, codes after them — all inside (caller); block b of
-            // every activation row is inside its row (caller).
+            // 0..32, mins (Q4_1/Q5_1) at 32..64, masks (Q5_0/Q5_1) 64 bytes, codes after them
+            // — all inside (caller); block b of every activation row is inside its row
+            // (caller).
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
                 prefetch_ahead::<T>(blk, GROUP_ROWS * bb, TY != 0);
@@ -1426,14 +1479,14 @@ mod x86 {
                         }
                     }
                     _ => {
-                        let qs = blk.add(if TY == 1 { 32 } else { 96 });
+                        let qs = blk.add(codes_at);
                         for k in 0..4 {
                             let v = _mm512_loadu_si512(qs.add(64 * k).cast());
                             codes[k] = _mm512_and_si512(v, low);
                             codes[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                         }
-                        if TY == 2 {
-                            let masks = blk.add(32).cast::<u64>();
+                        if five {
+                            let masks = blk.add(masks_at).cast::<u64>();
                             for (k, c) in codes.iter_mut().enumerate() {
                                 let m = _cvtu64_mask64(masks.add(k).read_unaligned());
                                 *c = _mm512_mask_add_epi8(*c, m, *c, _mm512_set1_epi8(0x10));
@@ -1452,7 +1505,13 @@ mod x86 {
                     }
                     let acc = _mm512_add_epi32(acc[0], acc[1]);
                     let dy = _mm512_set1_ps(*dys[t].add(b));
-                    let prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
+                    let mut prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
+                    if min {
+                        // The reference's `(d·dy)·sumi + m·(dy·Σy)`, then the sum.
+                        let m = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
+                        let ms = _mm512_set1_ps(*mins[t].add(b));
+                        prod = _mm512_add_ps(prod, _mm512_mul_ps(m, ms));
+                    }
                     f[t] = _mm512_add_ps(f[t], prod);
                 }
             }
@@ -1499,10 +1558,12 @@ mod tests {
         p
     }
 
-    const TYPES: [GgmlType; 6] = [
+    const TYPES: [GgmlType; 8] = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
@@ -1608,6 +1669,13 @@ mod tests {
                 GgmlType::Q4_0 | GgmlType::Q5_0 => {
                     blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
                     blk[2..].fill(code);
+                }
+                // The min at its most negative with the largest codes, positive with zeros.
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+                    blk[2..4]
+                        .copy_from_slice(&(if max { 0xC400u16 } else { 0x4400 }).to_le_bytes());
+                    blk[4..].fill(code);
                 }
                 // (Q5_K: its `qh` at 16..48 sets or clears every fifth bit with the codes.)
                 GgmlType::Q4K | GgmlType::Q5K => {

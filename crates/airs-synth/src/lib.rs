@@ -2,7 +2,8 @@
 //! model of a real shape without downloading one.
 //!
 //! A [`Recipe`] — a named [`Shape`] (`tiny`, `qwen2-tiny`, `qwen3-tiny`, `llama3-tiny`, `phi3-tiny`, `tinyllama-1.1b`), a [`QuantMix`]
-//! (`f32`, `f16`, `q8_0`, `q4_k_m`, `q5_k_m`) and a seed — determines a file byte for byte:
+//! (`f32`, `f16`, `q8_0`, `q4_k_m`, `q5_k_m`, `q4_1`, `q5_1`) and a seed — determines a file
+//! byte for byte:
 //!
 //! - **Tensors** ([`plan`]): the names, ggml-order shapes and tensor order llama.cpp writes
 //!   for `llama`/`qwen2` models (`token_embd.weight [n_embd, n_vocab]`, `blk.N.attn_q.weight
@@ -11,7 +12,8 @@
 //!   by `llama_tensor_get_type` in `src/llama-quant.cpp`: Q4_K matrices (including
 //!   `token_embd`), Q6_K for `output.weight`, and Q6_K for `attn_v` and `ffn_down` in the
 //!   layers where `use_more_bits(i_layer, n_layers)` holds; norms and biases stay F32. The
-//!   `q5_k_m` mix is llama.cpp's Q5_K_M, the same choices with Q5_K in place of Q4_K.
+//!   `q5_k_m` mix is llama.cpp's Q5_K_M, the same choices with Q5_K in place of Q4_K; `q4_1`
+//!   and `q5_1` are all Q4_1/Q5_1 but for a Q6_K `output.weight`, as llama.cpp writes them.
 //! - **Metadata** ([`metadata`]): `general.*` (with `file_type` as llama.cpp's `llama_ftype`
 //!   and `alignment` 32), the `{arch}.*` hyperparameters, and every `tokenizer.*` entry of a
 //!   real vocabulary file from llama.cpp's tokenizer tests ([`Vocabulary`]), so the model

@@ -78,15 +78,22 @@ pub enum QuantMix {
     /// matrices Q5_K, `output.weight` Q6_K, and Q6_K for `attn_v` and `ffn_down` in the
     /// layers [`use_more_bits`] picks; vectors F32.
     Q5KM,
+    /// llama.cpp's Q4_1 (file type 3): matrices Q4_1, `output.weight` Q6_K; vectors F32.
+    Q4_1,
+    /// llama.cpp's Q5_1 (file type 9): matrices Q5_1, `output.weight` Q6_K; vectors F32.
+    /// (Q5_1 is also what llama.cpp's Q5_K_M writes for rows not a multiple of 256.)
+    Q5_1,
 }
 
 impl QuantMix {
-    pub const ALL: [QuantMix; 5] = [
+    pub const ALL: [QuantMix; 7] = [
         QuantMix::F32,
         QuantMix::F16,
         QuantMix::Q8_0,
         QuantMix::Q4KM,
         QuantMix::Q5KM,
+        QuantMix::Q4_1,
+        QuantMix::Q5_1,
     ];
 
     /// The name used on the command line and in file names.
@@ -97,6 +104,8 @@ impl QuantMix {
             QuantMix::Q8_0 => "q8_0",
             QuantMix::Q4KM => "q4_k_m",
             QuantMix::Q5KM => "q5_k_m",
+            QuantMix::Q4_1 => "q4_1",
+            QuantMix::Q5_1 => "q5_1",
         }
     }
 
@@ -108,12 +117,14 @@ impl QuantMix {
             QuantMix::Q8_0 => 7,
             QuantMix::Q4KM => 15,
             QuantMix::Q5KM => 17,
+            QuantMix::Q4_1 => 3,
+            QuantMix::Q5_1 => 9,
         }
     }
 
     /// Whether the mix uses block-quantized types (then `general.quantization_version` is 2).
     pub fn is_quantized(self) -> bool {
-        matches!(self, QuantMix::Q8_0 | QuantMix::Q4KM | QuantMix::Q5KM)
+        !matches!(self, QuantMix::F32 | QuantMix::F16)
     }
 
     /// The type of a tensor with `role` in layer `layer` of `layers` (the layer is ignored
@@ -126,6 +137,11 @@ impl QuantMix {
             QuantMix::F32 => GgmlType::F32,
             QuantMix::F16 => GgmlType::F16,
             QuantMix::Q8_0 => GgmlType::Q8_0,
+            // llama.cpp raises `output.weight` to Q6_K in every mix but Q8_0 (and the float
+            // ones).
+            QuantMix::Q4_1 | QuantMix::Q5_1 if role == TensorRole::Output => GgmlType::Q6K,
+            QuantMix::Q4_1 => GgmlType::Q4_1,
+            QuantMix::Q5_1 => GgmlType::Q5_1,
             // Q4_K_M and Q5_K_M differ only in the type of the remaining matrices. (llama.cpp
             // also raises phi3's fused `attn_qkv` one step, to Q5_K and Q6_K; not done here.)
             QuantMix::Q4KM | QuantMix::Q5KM => match role {

@@ -2,8 +2,8 @@
 //!
 //! Row `r` of tensor `name` is drawn from a splitmix64 stream seeded by `(seed, name, r)`
 //! only, so the values do not depend on the thread that computes the row, on the order
-//! rows are computed in, or on the tensor's type: the f32, f16, q8_0, q4_k_m and q5_k_m files
-//! of one seed are encodings of the same underlying weights.
+//! rows are computed in, or on the tensor's type: the f32, f16, q8_0, q4_k_m, q5_k_m, q4_1 and
+//! q5_1 files of one seed are encodings of the same underlying weights.
 //!
 //! Values are "gaussian-ish": the Irwin–Hall sum of four 16-bit uniforms from one 64-bit
 //! draw (bounded at ±3.46 σ, so never an outlier that could overflow an activation), scaled

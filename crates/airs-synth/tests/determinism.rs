@@ -58,6 +58,8 @@ fn every_mix_of_one_seed_encodes_the_same_weights() {
         (QuantMix::Q8_0, |_| 1e-3),
         (QuantMix::Q4KM, |_| 1e-2),
         (QuantMix::Q5KM, |_| 5e-3),
+        (QuantMix::Q4_1, |_| 1e-2),
+        (QuantMix::Q5_1, |_| 5e-3),
     ] {
         let bytes = generate(Shape::Tiny, quant, 3, 2);
         let gguf = Gguf::parse(&bytes).unwrap();
@@ -109,7 +111,7 @@ fn errors_name_the_problem() {
     let e = "q4_k_s".parse::<QuantMix>().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown quantization mix \"q4_k_s\" (known: f32, f16, q8_0, q4_k_m, q5_k_m)"
+        "unknown quantization mix \"q4_k_s\" (known: f32, f16, q8_0, q4_k_m, q5_k_m, q4_1, q5_1)"
     );
     let qwen_vocab = vocab(Shape::Qwen2Tiny);
     let e = Recipe::new(Shape::Tiny, QuantMix::F32, 1)

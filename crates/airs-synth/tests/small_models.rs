@@ -128,6 +128,17 @@ fn check_model(shape: Shape, quant: QuantMix) {
             assert_eq!(count(GgmlType::Q8_0), matrices);
             assert_eq!(count(GgmlType::F32), vectors);
         }
+        QuantMix::Q4_1 | QuantMix::Q5_1 => {
+            let base = if quant == QuantMix::Q4_1 {
+                GgmlType::Q4_1
+            } else {
+                GgmlType::Q5_1
+            };
+            assert_eq!(count(base), matrices - 1, "{what}");
+            assert_eq!(count(GgmlType::F32), vectors);
+            assert_eq!(gguf.tensor("output.weight").unwrap().ty, GgmlType::Q6K);
+            assert_eq!(gguf.tensor("token_embd.weight").unwrap().ty, base);
+        }
         QuantMix::Q4KM | QuantMix::Q5KM => {
             // Q5_K_M is Q4_K_M with Q5_K for the matrices Q4_K_M leaves Q4_K.
             let base = if quant == QuantMix::Q4KM {

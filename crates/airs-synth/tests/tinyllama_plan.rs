@@ -33,6 +33,8 @@ fn expected_table(quant: QuantMix) -> Vec<(String, Vec<u64>, GgmlType)> {
         QuantMix::Q8_0 => Q8_0,
         QuantMix::Q4KM => Q4K,
         QuantMix::Q5KM => Q5K,
+        QuantMix::Q4_1 => Q4_1,
+        QuantMix::Q5_1 => Q5_1,
     };
     let k_mix = matches!(quant, QuantMix::Q4KM | QuantMix::Q5KM);
     let more_bits = |l: usize| {
@@ -61,7 +63,11 @@ fn expected_table(quant: QuantMix) -> Vec<(String, Vec<u64>, GgmlType)> {
             (n("ffn_down.weight"), vec![N_FF, N_EMBD], more_bits(l)),
         ]);
     }
-    let output = if k_mix { Q6K } else { matrix };
+    let output = if matches!(matrix, F32 | F16 | Q8_0) {
+        matrix
+    } else {
+        Q6K
+    };
     table.push(("output_norm.weight".into(), vec![N_EMBD], F32));
     table.push(("output.weight".into(), vec![N_EMBD, N_VOCAB], output));
     table

@@ -148,6 +148,10 @@ struct Q8_0;
 struct Q4_0;
 /// Q5_0: scales, 8 u64 fifth-bit masks, then the nibbles as Q4_0; codes 0..=31.
 struct Q5_0;
+/// Q4_1: scales, mins, then the nibbles as Q4_0; codes 0..=15.
+struct Q4_1;
+/// Q5_1: scales, mins, then Q5_0's masks and nibbles; codes 0..=31.
+struct Q5_1;
 
 impl Layout for Q8_0 {
     const GROUP_BLOCK: usize = GROUP_ROWS * 34;
@@ -211,42 +215,84 @@ impl Layout for Q5_0 {
     const CHUNKS: usize = 8;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
-        // Register q, byte j (row 4q + j/4, code j%4) takes bit 16q + j of mask c: bit j%8 of
-        // its byte 2q + j/8 (`tbl`), moved to bit 4 (`ushl`) and inserted (`bsl`).
-        const INDEX: [[u8; 16]; 4] = {
-            let mut idx = [[0u8; 16]; 4];
-            let mut q = 0;
-            while q < 4 {
-                let mut j = 0;
-                while j < 16 {
-                    idx[q][j] = (2 * q + j / 8) as u8;
-                    j += 1;
-                }
-                q += 1;
-            }
-            idx
-        };
-        const SHIFT: [i8; 16] = [4, 3, 2, 1, 0, -1, -2, -3, 4, 3, 2, 1, 0, -1, -2, -3];
-        // SAFETY: NEON (caller); the masks are bytes 32..96 of the block (mask c at
-        // 32 + 8c), the nibbles 96..352; the constants are 16 readable bytes each.
+        // SAFETY: NEON (caller); the masks are bytes 32..96 of the block, the nibbles 96..352.
+        unsafe { five_bit_chunk(blk.add(32), blk.add(96), c) }
+    }
+}
+
+impl Layout for Q4_1 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 20;
+    const CHUNKS: usize = 8;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
+        // SAFETY: NEON (caller); the nibbles are bytes 64..320 of the block.
         unsafe {
-            let m = vreinterpretq_u8_u64(vld1q_dup_u64(blk.add(32 + 8 * c).cast()));
-            let shift = vld1q_s8(SHIFT.as_ptr());
-            let nib = nibbles(blk.add(96), c);
-            let mut out = [vdupq_n_s8(0); 4];
-            for (q, o) in out.iter_mut().enumerate() {
-                let bits = vshlq_u8(vqtbl1q_u8(m, vld1q_u8(INDEX[q].as_ptr())), shift);
-                *o = vreinterpretq_s8_u8(vbslq_u8(vdupq_n_u8(0x10), bits, nib[q]));
-            }
-            out
+            let [a, b, c, d] = nibbles(blk.add(64), c);
+            [
+                vreinterpretq_s8_u8(a),
+                vreinterpretq_s8_u8(b),
+                vreinterpretq_s8_u8(c),
+                vreinterpretq_s8_u8(d),
+            ]
         }
     }
 }
 
+impl Layout for Q5_1 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 24;
+    const CHUNKS: usize = 8;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
+        // SAFETY: NEON (caller); the masks are bytes 64..128 of the block, the nibbles
+        // 128..384.
+        unsafe { five_bit_chunk(blk.add(64), blk.add(128), c) }
+    }
+}
+
+/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` with the fifth bits of the 8 u64 masks
+/// at `masks`. Register q, byte j (row 4q + j/4, code j%4) takes bit 16q + j of mask c: bit
+/// j%8 of its byte 2q + j/8 (`tbl`), moved to bit 4 (`ushl`) and inserted (`bsl`).
+///
+/// # Safety
+/// NEON; `masks` addresses 64 readable bytes, `qs` 256; `c < 8`.
+#[inline(always)]
+unsafe fn five_bit_chunk(masks: *const u8, qs: *const u8, c: usize) -> [int8x16_t; 4] {
+    const INDEX: [[u8; 16]; 4] = {
+        let mut idx = [[0u8; 16]; 4];
+        let mut q = 0;
+        while q < 4 {
+            let mut j = 0;
+            while j < 16 {
+                idx[q][j] = (2 * q + j / 8) as u8;
+                j += 1;
+            }
+            q += 1;
+        }
+        idx
+    };
+    const SHIFT: [i8; 16] = [4, 3, 2, 1, 0, -1, -2, -3, 4, 3, 2, 1, 0, -1, -2, -3];
+    // SAFETY: NEON (caller); mask c is at `masks + 8c`, the nibbles inside `qs`'s 256 bytes;
+    // the constants are 16 readable bytes each.
+    unsafe {
+        let m = vreinterpretq_u8_u64(vld1q_dup_u64(masks.add(8 * c).cast()));
+        let shift = vld1q_s8(SHIFT.as_ptr());
+        let nib = nibbles(qs, c);
+        let mut out = [vdupq_n_s8(0); 4];
+        for (q, o) in out.iter_mut().enumerate() {
+            let bits = vshlq_u8(vqtbl1q_u8(m, vld1q_u8(INDEX[q].as_ptr())), shift);
+            *o = vreinterpretq_s8_u8(vbslq_u8(vdupq_n_u8(0x10), bits, nib[q]));
+        }
+        out
+    }
+}
+
 /// A legacy type: Q8_0's codes are signed, Q4_0's and Q5_0's offset by the activations'
-/// block term.
+/// block term; Q4_1's and Q5_1's unsigned, with a min.
 trait Legacy: Layout {
     const OFFSET: bool;
+    /// Whether blocks have a min `m` (the 16 rows' f16 after their scales): the reference's
+    /// `+ m·(dy·Σy)`.
+    const MIN: bool = false;
 }
 impl Legacy for Q8_0 {
     const OFFSET: bool = false;
@@ -256,6 +302,14 @@ impl Legacy for Q4_0 {
 }
 impl Legacy for Q5_0 {
     const OFFSET: bool = true;
+}
+impl Legacy for Q4_1 {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
+}
+impl Legacy for Q5_1 {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
 }
 
 /// Q4_K superblocks: sub-blocks of 32 values (8 chunks); codes 0..=15.
@@ -620,18 +674,21 @@ unsafe fn dots<S: Chunks, const P: usize>(
 }
 
 /// One legacy block with `P` tokens: `f[t] += Σ_chunks … · (d · dy)` as the scalar reference
-/// (`sum += sumi · (d·dy)`), on 16 row lanes.
+/// (`sum += sumi · (d·dy)`; with a min `sum += (d·dy)·sumi + m·(dy·Σy)`), on 16 row lanes.
 ///
 /// # Safety
 /// NEON and dotprod; `src` holds the block's 8 chunks; `ys[t]` the activation block's 32
 /// codes; `f` at least `P` rows.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn legacy_pass<L: Legacy, S: Chunks, const P: usize>(
     src: &S,
     d: &[float32x4_t; 4],
+    m: &[float32x4_t; 4],
     ys: [*const u8; P],
     dy: [f32; P],
     off: [i32; P],
+    min_sum: [f32; P],
     f: &mut [[float32x4_t; 4]],
 ) {
     // SAFETY: NEON and dotprod; the block's 8 chunks and 32 activation codes per token
@@ -644,9 +701,12 @@ unsafe fn legacy_pass<L: Legacy, S: Chunks, const P: usize>(
             }
         }
         let acc = dots::<S, P>(src, 0..8, &ys, init);
-        for ((f, acc), dy) in f.iter_mut().zip(acc).zip(dy) {
-            for ((f, acc), d) in f.iter_mut().zip(acc).zip(d) {
-                let p = vmulq_f32(vcvtq_f32_s32(acc), vmulq_n_f32(*d, dy));
+        for (((f, acc), dy), ms) in f.iter_mut().zip(acc).zip(dy).zip(min_sum) {
+            for (((f, acc), d), m) in f.iter_mut().zip(acc).zip(d).zip(m) {
+                let mut p = vmulq_f32(vcvtq_f32_s32(acc), vmulq_n_f32(*d, dy));
+                if L::MIN {
+                    p = vaddq_f32(p, vmulq_n_f32(*m, ms));
+                }
                 *f = vaddq_f32(*f, p);
             }
         }
@@ -659,6 +719,7 @@ struct Rows<'a, const T: usize> {
     ys: [*const u8; T],
     dys: [&'a [f32]; T],
     offs: [&'a [i32]; T],
+    mins: [&'a [f32]; T],
     bsums: [&'a [[i32; 16]]; T],
 }
 
@@ -682,6 +743,11 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
         unsafe {
             let blk = group.add(L::GROUP_BLOCK * b);
             let d = f16x16(blk);
+            let m = if L::MIN {
+                f16x16(blk.add(32))
+            } else {
+                [vdupq_n_f32(0.0); 4]
+            };
             macro_rules! passes {
                 ($src:expr) => {{
                     let src = $src;
@@ -689,15 +755,18 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
                         ($p:expr, $t0:expr) => {{
                             let t0 = $t0;
                             let mut ys = [std::ptr::null(); $p];
-                            let (mut dy, mut off) = ([0f32; $p], [0i32; $p]);
+                            let (mut dy, mut off, mut ms) = ([0f32; $p], [0i32; $p], [0f32; $p]);
                             for t in 0..$p {
                                 ys[t] = rows.ys[t0 + t].add(34 * b + 2);
                                 dy[t] = rows.dys[t0 + t][b];
                                 if L::OFFSET {
                                     off[t] = rows.offs[t0 + t][b];
                                 }
+                                if L::MIN {
+                                    ms[t] = rows.mins[t0 + t][b];
+                                }
                             }
-                            legacy_pass::<L, _, $p>(&src, &d, ys, dy, off, &mut f[t0..])
+                            legacy_pass::<L, _, $p>(&src, &d, &m, ys, dy, off, ms, &mut f[t0..])
                         }};
                     }
                     for i in 0..T / PASS {
@@ -865,6 +934,11 @@ unsafe fn groups<const TY: u8, const T: usize>(
                 .get((t0 + t) * nb..(t0 + t + 1) * nb)
                 .unwrap_or(&[])
         }),
+        mins: std::array::from_fn(|t| {
+            acts.min_sum
+                .get((t0 + t) * nb..(t0 + t + 1) * nb)
+                .unwrap_or(&[])
+        }),
         bsums: std::array::from_fn(|t| {
             acts.bsums
                 .get((t0 + t) * nb..(t0 + t + 1) * nb)
@@ -885,6 +959,8 @@ unsafe fn groups<const TY: u8, const T: usize>(
                 2 => legacy_group::<Q5_0, T>(p, nb, &rows, buf),
                 3 => kquant_group::<Q4K, T>(p, nb, &rows, buf),
                 5 => kquant_group::<Q5K, T>(p, nb, &rows, buf),
+                6 => legacy_group::<Q4_1, T>(p, nb, &rows, buf),
+                7 => legacy_group::<Q5_1, T>(p, nb, &rows, buf),
                 _ => kquant_group::<Q6K, T>(p, nb, &rows, buf),
             }
         };
@@ -920,6 +996,8 @@ pub(super) unsafe fn run(
         GgmlType::Q4K => (3, Q4K::GROUP_BLOCK, 292),
         GgmlType::Q6K => (4, Q6K::GROUP_BLOCK, 292),
         GgmlType::Q5K => (5, Q5K::GROUP_BLOCK, 292),
+        GgmlType::Q4_1 => (6, Q4_1::GROUP_BLOCK, 34),
+        GgmlType::Q5_1 => (7, Q5_1::GROUP_BLOCK, 34),
         _ => unreachable!("a rows16 type"),
     };
     let group_bytes = nb * block_bytes;
@@ -927,6 +1005,7 @@ pub(super) unsafe fn run(
     let terms = match ty_id {
         1 | 2 => acts.offset_sum.len(),
         3..=5 => acts.bsums.len(),
+        6 | 7 => acts.min_sum.len(),
         _ => usize::MAX,
     };
     assert!(
@@ -950,6 +1029,8 @@ pub(super) unsafe fn run(
                     (2, $t) => groups::<2, $t>(w, group_bytes, acts, tokens.start, outs),
                     (3, $t) => groups::<3, $t>(w, group_bytes, acts, tokens.start, outs),
                     (5, $t) => groups::<5, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (6, $t) => groups::<6, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (7, $t) => groups::<7, $t>(w, group_bytes, acts, tokens.start, outs),
                     (_, $t) => groups::<4, $t>(w, group_bytes, acts, tokens.start, outs),
                 )*
                 _ => unreachable!("1..=16 activation rows"),

@@ -27,10 +27,12 @@ pub(super) const TYPES: [GgmlType; 10] = [
 ];
 
 /// The types with a rows16 layout.
-const ROWS16_TYPES: [GgmlType; 6] = [
+const ROWS16_TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,

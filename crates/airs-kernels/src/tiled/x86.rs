@@ -384,68 +384,66 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
         return;
     }
     let nb = n / 32;
-    let (block_bytes, masks) = match ty {
-        GgmlType::Q8_0 => (544, 0),
-        GgmlType::Q4_0 => (288, 0),
-        GgmlType::Q5_0 => (352, 64),
+    // A block-group's bytes, whether it has mins (after the 16 scales) and fifth-bit masks
+    // (after those), and the bias that makes a nibble type's code the tile's biased code
+    // (q − 8 + 128, q5 − 16 + 128; Q4_1/Q5_1's codes are unsigned: + 128).
+    let (block_bytes, min, five, bias) = match ty {
+        GgmlType::Q8_0 => (544, false, false, 0),
+        GgmlType::Q4_0 => (288, false, false, 120),
+        GgmlType::Q5_0 => (352, false, true, 112),
+        GgmlType::Q4_1 => (320, true, false, 128),
+        GgmlType::Q5_1 => (384, true, true, 128),
         _ => panic!("no direct rows16 tile repack for {ty:?}"),
     };
-    let rec = TILE * (32 + 4);
+    let masks_at = if min { 64 } else { 32 };
+    let codes_at = masks_at + if five { 64 } else { 0 };
+    let rec = tile_record_bytes(Kind::Legacy { min }, TILE);
     assert!(
         n.is_multiple_of(32) && group.len() == nb * block_bytes && dst.len() >= nb * rec,
         "rows16 tile repack geometry"
     );
     let m4 = _mm512_set1_epi8(0x0F);
+    let bias = _mm512_set1_epi8(bias as u8 as i8);
+    let fifth = _mm512_set1_epi8(0x10);
     for b in 0..nb {
         let src = group[b * block_bytes..(b + 1) * block_bytes].as_ptr();
         let r = dst[b * rec..(b + 1) * rec].as_mut_ptr();
-        // SAFETY: `src` spans one rows16 block (`block_bytes`: 32 bytes of scales, the masks,
-        // then 64-byte code registers) and `r` one tile record (8 code registers, 16 f32
-        // scales), both inside their slices by the assert; the loads and stores are unaligned.
+        // SAFETY: `src` spans one rows16 block (`block_bytes`: 32 bytes of scales, the mins,
+        // the masks, then 64-byte code registers) and `r` one tile record (8 code registers,
+        // 16 f32 scales, 16 f32 mins), both inside their slices by the assert; the loads and
+        // stores are unaligned.
         unsafe {
             let load = |at: usize| _mm512_loadu_si512(src.add(at).cast());
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(src.cast()));
-            match ty {
-                GgmlType::Q8_0 => {
-                    let flip = _mm512_set1_epi8(0x80u8 as i8);
-                    for k in 0..8 {
-                        store(r.add(64 * k), _mm512_xor_si512(load(32 + 64 * k), flip));
-                    }
+            if ty == GgmlType::Q8_0 {
+                let flip = _mm512_set1_epi8(0x80u8 as i8);
+                for k in 0..8 {
+                    store(r.add(64 * k), _mm512_xor_si512(load(32 + 64 * k), flip));
                 }
-                GgmlType::Q4_0 => {
-                    // nibble − 8 + 128.
-                    let bias = _mm512_set1_epi8(120);
-                    for k in 0..4 {
-                        let q = load(32 + 64 * k);
-                        let lo = _mm512_and_si512(q, m4);
-                        let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4);
-                        store(r.add(64 * k), _mm512_add_epi8(lo, bias));
-                        store(r.add(64 * (k + 4)), _mm512_add_epi8(hi, bias));
+            } else {
+                // Mask j bit 4r + i = the fifth bit of code 4j + i of row r.
+                let mask = |j: usize| -> __mmask64 {
+                    std::ptr::read_unaligned(src.add(masks_at + 8 * j).cast::<u64>())
+                };
+                for k in 0..4 {
+                    let q = load(codes_at + 64 * k);
+                    let mut lo = _mm512_and_si512(q, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4);
+                    if five {
+                        lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(mask(k), fifth));
+                        hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mask(k + 4), fifth));
                     }
-                }
-                _ => {
-                    // q5 − 16 + 128; mask j bit 4r + i = the fifth bit of code 4j + i of row r.
-                    let bias = _mm512_set1_epi8(112);
-                    let fifth = _mm512_set1_epi8(0x10);
-                    let mask = |j: usize| -> __mmask64 {
-                        std::ptr::read_unaligned(src.add(32 + 8 * j).cast::<u64>())
-                    };
-                    for k in 0..4 {
-                        let q = load(32 + masks + 64 * k);
-                        let lo = _mm512_or_si512(
-                            _mm512_and_si512(q, m4),
-                            _mm512_maskz_mov_epi8(mask(k), fifth),
-                        );
-                        let hi = _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi32::<4>(q), m4),
-                            _mm512_maskz_mov_epi8(mask(k + 4), fifth),
-                        );
-                        store(r.add(64 * k), _mm512_add_epi8(lo, bias));
-                        store(r.add(64 * (k + 4)), _mm512_add_epi8(hi, bias));
-                    }
+                    store(r.add(64 * k), _mm512_add_epi8(lo, bias));
+                    store(r.add(64 * (k + 4)), _mm512_add_epi8(hi, bias));
                 }
             }
             store_ps(r.add(512), d);
+            if min {
+                store_ps(
+                    r.add(576),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(src.add(32).cast())),
+                );
+            }
         }
     }
 }
