@@ -1,17 +1,22 @@
 //! A fixed pool of worker threads for the kernels: the caller's thread plus `threads - 1`
-//! workers run one job at a time, each job handing out chunks of work through an atomic
-//! counter, so a slow core (these machines are noisy) takes fewer chunks.
+//! workers run one job at a time. A job's chunks of work are dealt as one contiguous run per
+//! thread, taken front to back, and a thread done with its own run takes the others' last
+//! chunks, so a slow core (these machines are noisy) takes fewer chunks while each thread
+//! reads one sequential stream of a weight matrix, which the hardware prefetchers follow
+//! (handing chunks out in turn through one counter started a new stream every chunk:
+//! BENCHMARKS.md).
 //!
 //! Design: like ggml's threadpool, workers spin briefly on an epoch counter after each job
 //! (matmuls in a forward pass are microseconds apart) and then sleep on a condition variable,
-//! so an idle engine burns no CPU. Cost per job: one mutex lock per worker plus an atomic
-//! increment per chunk; no allocation. The thread count is explicit: nothing reads the
+//! so an idle engine burns no CPU. Cost per job: one mutex lock per worker plus a
+//! compare-and-swap per chunk (on the thread's own cache line until it takes others'); no
+//! allocation. The thread count is explicit: nothing reads the
 //! environment.
 
 use std::any::Any;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -134,7 +139,8 @@ impl ThreadPool {
     }
 
     /// Split `0..items` into chunks of `chunk` items and run `f(range)` for every chunk, spread
-    /// over the pool's threads.
+    /// over the pool's threads: thread `t` takes the `t`-th contiguous run of chunks front to
+    /// back, then the other runs' remaining chunks from their backs (module documentation).
     pub fn for_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         let chunk = chunk.max(1);
         let chunks = items.div_ceil(chunk);
@@ -144,16 +150,85 @@ impl ThreadPool {
             }
             return;
         }
-        let next = AtomicUsize::new(0);
-        self.run(&|_thread| {
-            loop {
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= chunks {
-                    break;
+        let run_chunk = |c: usize| f(c * chunk..((c + 1) * chunk).min(items));
+        let owners = self.threads;
+        if owners > MAX_RUNS || u32::try_from(chunks).is_err() {
+            // One shared counter.
+            let next = AtomicUsize::new(0);
+            self.run(&|_thread| {
+                loop {
+                    let c = next.fetch_add(1, Ordering::Relaxed);
+                    if c >= chunks {
+                        break;
+                    }
+                    run_chunk(c);
                 }
-                f(c * chunk..((c + 1) * chunk).min(items));
+            });
+            return;
+        }
+        let per = chunks.div_ceil(owners);
+        let runs: [ChunkRun; MAX_RUNS] = std::array::from_fn(|t| {
+            ChunkRun::new((t * per).min(chunks), ((t + 1) * per).min(chunks))
+        });
+        self.run(&|me| {
+            while let Some(c) = runs[me].take_front() {
+                run_chunk(c);
+            }
+            for k in 1..owners {
+                let other = &runs[(me + k) % owners];
+                while let Some(c) = other.take_back() {
+                    run_chunk(c);
+                }
             }
         });
+    }
+}
+
+/// Threads whose chunks [`ThreadPool::for_chunks`] deals as contiguous runs (more share one
+/// counter).
+const MAX_RUNS: usize = 64;
+
+/// The chunks `front..back` of one thread's run not yet taken, as one word (`front` in the
+/// low 32 bits) so that the owner taking the front and a thief taking the back never take the
+/// same chunk. On its own cache line: the owner's updates do not slow the other owners.
+#[repr(align(64))]
+struct ChunkRun(AtomicU64);
+
+impl ChunkRun {
+    fn new(front: usize, back: usize) -> ChunkRun {
+        ChunkRun(AtomicU64::new(front as u64 | (back as u64) << 32))
+    }
+
+    /// Take the first chunk left, if any.
+    fn take_front(&self) -> Option<usize> {
+        self.take(|front, back| (front, (front + 1, back)))
+    }
+
+    /// Take the last chunk left, if any.
+    fn take_back(&self) -> Option<usize> {
+        self.take(|front, back| (back - 1, (front, back - 1)))
+    }
+
+    /// Claim the chunk `pick(front, back)` names, leaving the run it returns, while any chunk
+    /// is left.
+    fn take(&self, pick: impl Fn(u64, u64) -> (u64, (u64, u64))) -> Option<usize> {
+        let mut cur = self.0.load(Ordering::Acquire);
+        loop {
+            let (front, back) = (cur & u64::from(u32::MAX), cur >> 32);
+            if front >= back {
+                return None;
+            }
+            let (taken, (front, back)) = pick(front, back);
+            match self.0.compare_exchange_weak(
+                cur,
+                front | back << 32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(taken as usize),
+                Err(now) => cur = now,
+            }
+        }
     }
 }
 
@@ -223,6 +298,41 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    #[test]
+    fn every_thread_takes_its_own_run_first() {
+        // Two threads, 8 chunks of one item: runs 0..4 (the caller) and 4..8 (the worker).
+        // Each starts at the front of its own run; the caller steals from the back of the
+        // worker's, so the worker, if it runs anything, starts at 4.
+        let pool = ThreadPool::new(2);
+        let caller = std::thread::current().id();
+        for _ in 0..100 {
+            let firsts = Mutex::new(Vec::new());
+            pool.for_chunks(8, 1, &|r| {
+                let me = std::thread::current().id();
+                let mut firsts = firsts.lock().unwrap();
+                if !firsts.iter().any(|&(t, _)| t == me) {
+                    firsts.push((me, r.start));
+                }
+            });
+            for (thread, first) in firsts.into_inner().unwrap() {
+                assert_eq!(first, if thread == caller { 0 } else { 4 });
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_is_taken_from_both_ends_exactly_once() {
+        let run = ChunkRun::new(3, 9);
+        assert_eq!(run.take_front(), Some(3));
+        assert_eq!(run.take_back(), Some(8));
+        assert_eq!(run.take_back(), Some(7));
+        let mut rest: Vec<usize> = std::iter::from_fn(|| run.take_front()).collect();
+        rest.sort();
+        assert_eq!(rest, [4, 5, 6]);
+        assert_eq!(run.take_back(), None);
+        assert_eq!(ChunkRun::new(5, 5).take_front(), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Decode from DRAM with 1 and 2 threads: one activation row against weight matrices that do
 //! not fit in the caches (a ring of copies ≥ 256 MiB), rows split between the threads as the
-//! engine splits them (chunks of 64 rows handed out in turn). Reports GB/s of weight bytes.
+//! engine splits them (one contiguous run of 64-row chunks per thread; `AIRS_BENCH_SPLIT=
+//! interleaved` hands the chunks out in turn instead, as the engine did before). Reports GB/s
+//! of weight bytes.
 //!
 //! Modes: `stream` (the read-bandwidth probe's kernel over the same bytes in the same chunks:
 //! the ceiling), `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot`
@@ -220,7 +222,14 @@ fn run_one(
     let batched = a.len() > act_type(ty).unwrap().row_bytes(n);
     // The rows16 kernels' activation terms, once per product as the engine prepares them.
     let prepared = (mode == "rows16").then(|| rows16::Activations::new(isa, ty, n, a).unwrap());
-    for c in (me..rows.div_ceil(CHUNK)).step_by(threads) {
+    let chunks = rows.div_ceil(CHUNK);
+    let per = chunks.div_ceil(threads);
+    let mine: Vec<usize> = if std::env::var("AIRS_BENCH_SPLIT").is_ok_and(|v| v == "interleaved") {
+        (me..chunks).step_by(threads).collect()
+    } else {
+        (me * per..((me + 1) * per).min(chunks)).collect()
+    };
+    for c in mine {
         let r0 = c * CHUNK;
         let r1 = (r0 + CHUNK).min(rows);
         let w = &m[r0 * wrb..r1 * wrb];
