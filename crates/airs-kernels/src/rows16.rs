@@ -42,8 +42,8 @@
 //! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
 //! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 (and Q4_1/Q5_1)
 //! prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]):
-//! AVX-512 VNNI (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`, unmeasured: no
-//! aarch64 hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not
+//! AVX-512 VNNI (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
+//! unmeasured: no aarch64 hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not
 //! repack, and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout
 //! kernels.
 
@@ -51,6 +51,8 @@ use crate::{GgmlType, Isa, KernelError};
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+pub(crate) use neon::legacy_tile_half;
 
 /// Rows per group.
 pub const GROUP_ROWS: usize = 16;

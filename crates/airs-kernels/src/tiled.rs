@@ -30,11 +30,11 @@
 //! once per tile); the repack is per matmul call, into a per-thread buffer, and costs
 //! O(weights) against O(weights × tokens) of arithmetic. (Matrices the loader repacked into
 //! [`crate::rows16`] already hold a tile's registers: on x86 the repack reads them as plain
-//! loads, without the transposes; on NEON a group is unpacked into the file's layout first.
-//! Up to 16 tokens they take the rows16 kernels instead, which need no repack.) x86 stores
-//! codes biased by +128
-//! (`vpdpbusd` multiplies unsigned by signed bytes) and removes the bias exactly by starting
-//! from the activations' `−128·Σy`.
+//! loads, without the transposes; on NEON so does a legacy type's, a k-quant's group is
+//! unpacked into the file's layout first. Up to 16 tokens they take the rows16 kernels
+//! instead, which need no repack.) x86 stores codes biased by +128 (`vpdpbusd` multiplies
+//! unsigned by signed bytes) and removes the bias exactly by starting from the activations'
+//! `−128·Σy`.
 //!
 //! Cost: repacking reads each weight byte once per call (≈ 10 GB/s per core on x86, ≈ 2 % of a
 //! 512-token prefill; it sets the crossover below which [`worth_tiling`] sends few tokens to
@@ -792,7 +792,7 @@ pub(crate) fn run(
     // SAFETY: `available` verified NEON and the dot-product extension; the geometry contract
     // is the caller's (lib.rs checks it).
     unsafe {
-        neon::run(ty, kind, n, w_rows, row_bytes, prep, out, out_stride)
+        neon::run(ty, kind, n, w_rows, row_bytes, prep, out, out_stride, false)
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (ty, kind, n, w_rows, row_bytes, prep, out, out_stride);
@@ -800,8 +800,10 @@ pub(crate) fn run(
 
 /// [`run`] on whole groups in the rows16 layout (`groups`, see [`crate::rows16`]; rows of
 /// `row_bytes` in the file's layout): on x86 each group turned straight into a tile
-/// ([`x86::repack_rows16`]), on NEON unpacked into the file's layout first, one group at a time
-/// in a per-thread buffer. The same tiles either way, so the same results.
+/// ([`x86::repack_rows16`]), on NEON each half group of a legacy type too
+/// ([`crate::rows16::legacy_tile_half`]) and a k-quant's groups unpacked into the file's layout
+/// first, one group at a time in a per-thread buffer. The same tiles either way, so the same
+/// results.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_rows16(
     isa: crate::Isa,
@@ -824,6 +826,13 @@ pub(crate) fn run_rows16(
     unsafe {
         x86::run(ty, kind, n, groups, row_bytes, prep, out, out_stride, true)
     };
+    #[cfg(target_arch = "aarch64")]
+    if matches!(kind, Kind::Legacy { .. }) {
+        // SAFETY: `available` verified NEON with the dot product; the geometry contract is the
+        // caller's (whole groups of a legacy rows16 type).
+        unsafe { neon::run(ty, kind, n, groups, row_bytes, prep, out, out_stride, true) };
+        return;
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let group_bytes = crate::rows16::GROUP_ROWS * row_bytes;

@@ -286,6 +286,60 @@ unsafe fn five_bit_chunk(masks: *const u8, qs: *const u8, c: usize) -> [int8x16_
     }
 }
 
+/// Rows `8·half..8·half + 8` of the legacy block at `blk` (a block-group of `ty`) as the tiled
+/// NEON kernels' tile record of 8 rows, byte for byte what `tiled::repack_scalar` writes from
+/// the file's rows: the 8 code registers (codes `4k..4k + 4` of the 8 rows, as signed codes:
+/// Q4_0 `q − 8`, Q5_0 `q − 16`, Q4_1/Q5_1 `q`, Q8_0 as stored) at `32k`, the scales as f32
+/// at 256 and, for Q4_1/Q5_1, the mins at 288. The layout's chunks are the record's registers
+/// for 16 rows, so this is one chunk decode and a bias per register.
+///
+/// # Safety
+/// NEON; `blk` addresses one whole block-group of `ty`, a legacy rows16 type; `half < 2`;
+/// `dst` 288 writable bytes (320 with mins).
+pub(crate) unsafe fn legacy_tile_half(ty: GgmlType, blk: *const u8, half: usize, dst: *mut u8) {
+    // SAFETY: the contract is this function's.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => tile_half::<Q8_0>(blk, half, 0, dst),
+            GgmlType::Q4_0 => tile_half::<Q4_0>(blk, half, 8, dst),
+            GgmlType::Q5_0 => tile_half::<Q5_0>(blk, half, 16, dst),
+            GgmlType::Q4_1 => tile_half::<Q4_1>(blk, half, 0, dst),
+            GgmlType::Q5_1 => tile_half::<Q5_1>(blk, half, 0, dst),
+            _ => unreachable!("{ty} is not a legacy rows16 type"),
+        }
+    }
+}
+
+/// [`legacy_tile_half`] for layout `L`, whose codes are offset by `bias`.
+///
+/// # Safety
+/// As [`legacy_tile_half`].
+#[inline(always)]
+unsafe fn tile_half<L: Legacy>(blk: *const u8, half: usize, bias: i8, dst: *mut u8) {
+    // SAFETY: NEON (caller); the chunks and scales lie in the block-group (`Layout::chunk`,
+    // `f16x16` of its first 32 bytes, the mins' next 32); the stores stay in `dst`'s 288
+    // (320) bytes.
+    unsafe {
+        let bias = vdupq_n_s8(bias);
+        for k in 0..8 {
+            let regs = L::chunk(blk, k);
+            vst1q_s8(dst.add(32 * k).cast(), vsubq_s8(regs[2 * half], bias));
+            vst1q_s8(
+                dst.add(32 * k + 16).cast(),
+                vsubq_s8(regs[2 * half + 1], bias),
+            );
+        }
+        let d = f16x16(blk);
+        vst1q_f32(dst.add(256).cast(), d[2 * half]);
+        vst1q_f32(dst.add(272).cast(), d[2 * half + 1]);
+        if L::MIN {
+            let m = f16x16(blk.add(32));
+            vst1q_f32(dst.add(288).cast(), m[2 * half]);
+            vst1q_f32(dst.add(304).cast(), m[2 * half + 1]);
+        }
+    }
+}
+
 /// A legacy type: Q8_0's codes are signed, Q4_0's and Q5_0's offset by the activations'
 /// block term; Q4_1's and Q5_1's unsigned, with a min.
 trait Legacy: Layout {

@@ -102,7 +102,9 @@ unsafe fn rd_i32(p: *const u8) -> i32 {
     unsafe { p.cast::<i32>().read_unaligned() }
 }
 
-/// The whole tiled matmul for `prep`'s tokens.
+/// The whole tiled matmul for `prep`'s tokens. With `rows16`, `w_rows` holds whole groups of a
+/// legacy type in the rows16 layout, and each tile is half a group
+/// ([`crate::rows16::legacy_tile_half`]); else the file's rows, repacked by the scalar repack.
 ///
 /// # Safety
 /// The CPU must support NEON and the dot-product extension; geometry as for the x86 `run`.
@@ -117,6 +119,7 @@ pub(super) unsafe fn run(
     prep: &PreparedActs,
     out: &mut [f32],
     out_stride: usize,
+    rows16: bool,
 ) {
     let rows = w_rows.len() / row_bytes;
     let tokens = prep.tokens();
@@ -140,6 +143,33 @@ pub(super) unsafe fn run(
             for (i, tile) in buf[..tiles * tb].chunks_exact_mut(tb).enumerate() {
                 let r0 = p0 + i * TILE;
                 let r1 = (r0 + TILE).min(p1);
+                if rows16 {
+                    // Half `r0 / 8 % 2` of group `r0 / 16`, block by block.
+                    let group_bytes = crate::rows16::GROUP_ROWS * row_bytes;
+                    let block_bytes = crate::rows16::GROUP_ROWS * row_bytes / (n / 32);
+                    let rec = tile_record_bytes(kind, TILE);
+                    let group = &w_rows[r0 / 16 * group_bytes..][..group_bytes];
+                    assert!(
+                        r1 - r0 == TILE && tile.len() >= n / 32 * rec,
+                        "whole rows16 groups"
+                    );
+                    for (blk, dst) in group
+                        .chunks_exact(block_bytes)
+                        .zip(tile.chunks_exact_mut(rec))
+                    {
+                        // SAFETY: NEON (this fn's); `blk` is one block-group of the legacy
+                        // type `ty` and `dst` one tile record (288 or 320 bytes).
+                        unsafe {
+                            crate::rows16::legacy_tile_half(
+                                ty,
+                                blk.as_ptr(),
+                                r0 / TILE % 2,
+                                dst.as_mut_ptr(),
+                            )
+                        };
+                    }
+                    continue;
+                }
                 let w = &w_rows[r0 * row_bytes..r1 * row_bytes];
                 super::repack_scalar(ty, kind, n, w, row_bytes, TILE, 0, tile);
             }
