@@ -168,7 +168,7 @@ fn matmul_after<'a>(
 
 /// Several products of the same `tokens` input rows (q, k and v) in one pool job when the
 /// row kernels serve them all (decode: one token, or up to 16 of a repacked matrix): their row
-/// chunks are handed out from one counter, so the threads meet at one barrier, not one per
+/// chunks form one list the pool deals out, so the threads meet at one barrier, not one per
 /// matrix. Qwen2.5-0.5B decodes a token in ~13 ms through 169 products (7 per layer and the
 /// output), and every barrier waits for the slowest thread. Otherwise (the tiled prefill
 /// kernels) they run one after another, sharing prepared activations where they fit.

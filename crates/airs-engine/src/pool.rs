@@ -151,26 +151,19 @@ impl ThreadPool {
             return;
         }
         let run_chunk = |c: usize| f(c * chunk..((c + 1) * chunk).min(items));
-        let owners = self.threads;
-        if owners > MAX_RUNS || u32::try_from(chunks).is_err() {
-            // One shared counter.
-            let next = AtomicUsize::new(0);
-            self.run(&|_thread| {
-                loop {
-                    let c = next.fetch_add(1, Ordering::Relaxed);
-                    if c >= chunks {
-                        break;
-                    }
-                    run_chunk(c);
-                }
-            });
-            return;
-        }
+        // Beyond `MAX_RUNS` threads, several take one run's front (a compare-and-swap claims
+        // each chunk once either way).
+        let owners = self.threads.min(MAX_RUNS);
+        assert!(
+            u32::try_from(chunks).is_ok(),
+            "{chunks} chunks: more than a run word holds"
+        );
         let per = chunks.div_ceil(owners);
         let runs: [ChunkRun; MAX_RUNS] = std::array::from_fn(|t| {
             ChunkRun::new((t * per).min(chunks), ((t + 1) * per).min(chunks))
         });
-        self.run(&|me| {
+        self.run(&|thread| {
+            let me = thread % owners;
             while let Some(c) = runs[me].take_front() {
                 run_chunk(c);
             }
@@ -184,8 +177,7 @@ impl ThreadPool {
     }
 }
 
-/// Threads whose chunks [`ThreadPool::for_chunks`] deals as contiguous runs (more share one
-/// counter).
+/// Contiguous runs [`ThreadPool::for_chunks`] deals at most (one per thread up to this).
 const MAX_RUNS: usize = 64;
 
 /// The chunks `front..back` of one thread's run not yet taken, as one word (`front` in the
@@ -286,7 +278,8 @@ mod tests {
 
     #[test]
     fn every_chunk_runs_exactly_once() {
-        for threads in [1, 2, 3, 4] {
+        // 66: more threads than runs, some sharing one.
+        for threads in [1, 2, 3, 4, 66] {
             let pool = ThreadPool::new(threads);
             for items in [0, 1, 7, 64, 1000] {
                 let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();

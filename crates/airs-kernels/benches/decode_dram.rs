@@ -67,6 +67,12 @@ fn tokens() -> usize {
         .map_or(1, |t| t.clamp(1, 16))
 }
 
+/// Whether chunks are handed out in turn (`AIRS_BENCH_SPLIT=interleaved`) rather than as one
+/// contiguous run per thread.
+fn interleaved() -> bool {
+    std::env::var("AIRS_BENCH_SPLIT").is_ok_and(|v| v == "interleaved")
+}
+
 fn floats(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
@@ -90,6 +96,7 @@ fn main() {
         .collect();
     let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
     let isa = Isa::detect();
+    let interleaved = interleaved();
     println!("{:<36} {:>10} {:>8}", "case", "µs/matvec", "GB/s");
     for (ty, rows, n) in CASES {
         let label =
@@ -173,7 +180,7 @@ fn main() {
                                                 isa,
                                                 ty,
                                                 geometry,
-                                                (me, threads),
+                                                (me, threads, interleaved),
                                                 m,
                                                 a,
                                                 &mut out,
@@ -205,14 +212,15 @@ fn main() {
     }
 }
 
-/// One matrix-vector product, this thread's share of the rows: thread `me` takes chunks
-/// me, me + threads, … (the engine's dynamic chunking without the shared counter).
+/// One matrix-vector product, this thread's share of the rows: thread `me` takes the `me`-th
+/// contiguous run of chunks (the engine's runs without the stealing), or with `interleaved`
+/// chunks me, me + threads, ….
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     isa: Isa,
     ty: GgmlType,
     (n, wrb, rows): (usize, usize, usize),
-    (me, threads): (usize, usize),
+    (me, threads, interleaved): (usize, usize, bool),
     m: &[u8],
     a: &[u8],
     out: &mut [f32],
@@ -224,12 +232,12 @@ fn run_one(
     let prepared = (mode == "rows16").then(|| rows16::Activations::new(isa, ty, n, a).unwrap());
     let chunks = rows.div_ceil(CHUNK);
     let per = chunks.div_ceil(threads);
-    let mine: Vec<usize> = if std::env::var("AIRS_BENCH_SPLIT").is_ok_and(|v| v == "interleaved") {
-        (me..chunks).step_by(threads).collect()
+    let (first, end, step) = if interleaved {
+        (me, chunks, threads)
     } else {
-        (me * per..((me + 1) * per).min(chunks)).collect()
+        (me * per, ((me + 1) * per).min(chunks), 1)
     };
-    for c in mine {
+    for c in (first..end).step_by(step) {
         let r0 = c * CHUNK;
         let r1 = (r0 + CHUNK).min(rows);
         let w = &m[r0 * wrb..r1 * wrb];

@@ -180,9 +180,21 @@ fn unpack_rows(ty: GgmlType, packed: &[u8], r: usize, row: &mut [u8]) {
     }
 }
 
+/// The types with a rows16 layout.
+pub const TYPES: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    geometry(ty).is_some() || is_kquant(ty)
+    TYPES.contains(&ty)
 }
 
 /// Whether `ty` is one of the k-quants with a rows16 layout (256-value superblocks, Q8_K
@@ -210,9 +222,9 @@ pub fn fast(isa: Isa, ty: GgmlType) -> bool {
     }
 }
 
-/// Checks that `bytes` holds whole groups of `ty` rows of `n` values: returns (blocks per
-/// row, bytes per group).
-fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<(usize, usize), KernelError> {
+/// Checks that `bytes` holds whole groups of `ty` rows of `n` values: returns the bytes per
+/// group.
+fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<usize, KernelError> {
     if !has_layout(ty) {
         return Err(KernelError::UnsupportedType(ty));
     }
@@ -225,7 +237,7 @@ fn check_groups(ty: GgmlType, n: usize, bytes: usize) -> Result<(usize, usize), 
             got: bytes,
         });
     }
-    Ok((n / block_values(ty), group_bytes))
+    Ok(group_bytes)
 }
 
 /// Values per block of a rows16 type: 256 for the k-quants' superblocks, else 32.
@@ -241,7 +253,7 @@ pub fn repack_group(
     natural: &[u8],
     packed: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (_, group_bytes) = check_groups(ty, n, natural.len())?;
+    let group_bytes = check_groups(ty, n, natural.len())?;
     crate::check_len("rows16 packed group", group_bytes, packed.len())?;
     if natural.len() != group_bytes {
         return Err(KernelError::LengthMismatch {
@@ -264,7 +276,7 @@ pub fn unpack_group(
     packed: &[u8],
     natural: &mut [u8],
 ) -> Result<(), KernelError> {
-    let (_, group_bytes) = check_groups(ty, n, packed.len())?;
+    let group_bytes = check_groups(ty, n, packed.len())?;
     crate::check_len("rows16 natural group", group_bytes, natural.len())?;
     if packed.len() != group_bytes {
         return Err(KernelError::LengthMismatch {
@@ -289,7 +301,7 @@ pub fn dequantize_row(
     r: usize,
     dst: &mut [f32],
 ) -> Result<(), KernelError> {
-    let (_, group_bytes) = check_groups(ty, n, packed.len())?;
+    let group_bytes = check_groups(ty, n, packed.len())?;
     if packed.len() != group_bytes || r >= GROUP_ROWS {
         return Err(KernelError::LengthMismatch {
             what: "rows16 group row",
@@ -434,7 +446,7 @@ pub fn matmul_with(
     out: &mut [f32],
     out_stride: usize,
 ) -> Result<(), KernelError> {
-    let (_, group_bytes) = check_groups(acts.ty, acts.n, w.len())?;
+    let group_bytes = check_groups(acts.ty, acts.n, w.len())?;
     let tokens = acts.tokens();
     let rows = w.len() / group_bytes * GROUP_ROWS;
     if tokens == 0 || rows == 0 {
@@ -466,7 +478,7 @@ pub fn matmul_rows(
     outs: &mut [&mut [f32]],
 ) -> Result<(), KernelError> {
     let (ty, n) = (acts.ty, acts.n);
-    let (_, group_bytes) = check_groups(ty, n, w.len())?;
+    let group_bytes = check_groups(ty, n, w.len())?;
     let tokens = acts.tokens();
     let rows = w.len() / group_bytes * GROUP_ROWS;
     if tokens == 0 || rows == 0 {
@@ -490,9 +502,9 @@ pub fn matmul_rows(
             // `rows` values per activation row) and the terms cover every row (asserted).
             unsafe {
                 if ty == GgmlType::Q4K {
-                    x86::run_kquant::<q4k::x86::Kernel>(w, acts, t0..t1, outs);
+                    x86::run_kquant::<q4k::x86::K4<false>>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q5K {
-                    x86::run_kquant::<q5k::x86::Kernel>(w, acts, t0..t1, outs);
+                    x86::run_kquant::<q4k::x86::K4<true>>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q6K {
                     x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else {
@@ -610,21 +622,24 @@ pub(crate) mod q4k {
         use super::GROUP_BLOCK;
         use crate::rows16::x86::{KquantGroup, Q8kAct};
 
-        crate::rows16::x86::kquant_kernel!();
+        /// The Q4_K (`FIVE` false) and Q5_K kernel for [`crate::rows16::x86::run_kquant`].
+        pub(in super::super) struct K4<const FIVE: bool>;
 
-        /// One group of `nb` superblocks; `f[t]` the 16 row dots with activation row `t`.
-        ///
-        /// # Safety
-        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(in super::super) unsafe fn superblocks<const T: usize>(
-            group: &[u8],
-            nb: usize,
-            acts: &[Q8kAct<'_>],
-        ) -> [__m512; T] {
-            // SAFETY: the contract is `k4`'s for Q4_K.
-            unsafe { k4::<T, false>(group, nb, acts) }
+        impl<const FIVE: bool> KquantGroup for K4<FIVE> {
+            const GROUP_BLOCK: usize = if FIVE {
+                crate::rows16::q5k::GROUP_BLOCK
+            } else {
+                GROUP_BLOCK
+            };
+
+            unsafe fn superblocks<const T: usize>(
+                group: &[u8],
+                nb: usize,
+                acts: &[Q8kAct<'_>],
+            ) -> [__m512; T] {
+                // SAFETY: the trait method's contract is `k4`'s.
+                unsafe { k4::<T, FIVE>(group, nb, acts) }
+            }
         }
 
         /// The Q4_K (`FIVE` false) and Q5_K (`FIVE`: the fifth bits of the q5k layout's
@@ -884,32 +899,6 @@ pub(crate) mod q5k {
             }
         }
     }
-
-    #[cfg(target_arch = "x86_64")]
-    pub(super) mod x86 {
-        use std::arch::x86_64::*;
-
-        use super::GROUP_BLOCK;
-        use crate::rows16::x86::{KquantGroup, Q8kAct};
-
-        crate::rows16::x86::kquant_kernel!();
-
-        /// One group of `nb` superblocks: Q4_K's kernel with the fifth bits
-        /// (`q4k::x86::k4`).
-        ///
-        /// # Safety
-        /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(in super::super) unsafe fn superblocks<const T: usize>(
-            group: &[u8],
-            nb: usize,
-            acts: &[Q8kAct<'_>],
-        ) -> [__m512; T] {
-            // SAFETY: the contract is `k4`'s for Q5_K.
-            unsafe { crate::rows16::q4k::x86::k4::<T, true>(group, nb, acts) }
-        }
-    }
 }
 
 /// Q6_K in the rows16 layout. Per superblock of 256 values the 16 rows' 210-byte blocks
@@ -1003,7 +992,21 @@ pub(crate) mod q6k {
         use super::{GROUP_BLOCK, SCALES, qh, ql};
         use crate::rows16::x86::{KquantGroup, Q8kAct};
 
-        crate::rows16::x86::kquant_kernel!();
+        /// The Q6_K kernel for [`crate::rows16::x86::run_kquant`].
+        pub(in super::super) struct Kernel;
+
+        impl KquantGroup for Kernel {
+            const GROUP_BLOCK: usize = GROUP_BLOCK;
+
+            unsafe fn superblocks<const T: usize>(
+                group: &[u8],
+                nb: usize,
+                acts: &[Q8kAct<'_>],
+            ) -> [__m512; T] {
+                // SAFETY: the trait method's contract is this module's `superblocks`'.
+                unsafe { superblocks::<T>(group, nb, acts) }
+            }
+        }
 
         /// Superblock `blk`'s 16 row scales `d`, and sub-block `t`'s int8 scale,
         /// sign-extended, in every row's lane (from the four scale planes).
@@ -1301,29 +1304,6 @@ mod x86 {
         }
     }
 
-    /// `Kernel`, a k-quant layout module's [`KquantGroup`]: its `GROUP_BLOCK` and its
-    /// `superblocks` function.
-    macro_rules! kquant_kernel {
-        () => {
-            /// This layout's kernel for [`crate::rows16::x86::run_kquant`].
-            pub(in super::super) struct Kernel;
-
-            impl KquantGroup for Kernel {
-                const GROUP_BLOCK: usize = GROUP_BLOCK;
-
-                unsafe fn superblocks<const T: usize>(
-                    group: &[u8],
-                    nb: usize,
-                    acts: &[Q8kAct<'_>],
-                ) -> [__m512; T] {
-                    // SAFETY: the trait method's contract is this function's.
-                    unsafe { superblocks::<T>(group, nb, acts) }
-                }
-            }
-        };
-    }
-    pub(super) use kquant_kernel;
-
     /// A k-quant layout's group kernel, for `T` activation rows.
     pub(super) trait KquantGroup {
         /// Bytes of one superblock of a group.
@@ -1560,25 +1540,10 @@ mod tests {
         p
     }
 
-    const TYPES: [GgmlType; 8] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q5_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_1,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ];
-
-    fn kquant(ty: GgmlType) -> bool {
-        is_kquant(ty)
-    }
-
     #[test]
     fn unpacking_a_repacked_group_restores_the_gguf_bytes_and_rows() {
         for ty in TYPES {
-            let widths: &[usize] = if kquant(ty) {
+            let widths: &[usize] = if is_kquant(ty) {
                 &[256, 768]
             } else {
                 &[32, 96, 896]
@@ -1605,7 +1570,7 @@ mod tests {
     #[test]
     fn products_on_repacked_groups_equal_the_scalar_reference_on_gguf_rows() {
         for ty in TYPES {
-            let n = if kquant(ty) { 1024 } else { 896 };
+            let n = if is_kquant(ty) { 1024 } else { 896 };
             let natural = weights(ty, n, 3);
             let p = packed(ty, n, &natural);
             let row_bytes = crate::row_bytes(ty, n).unwrap();
@@ -1725,7 +1690,7 @@ mod tests {
                 std::arch::is_aarch64_feature_detected!("dotprod"),
                 "{ty}: NEON with dotprod multiplies rows16 groups itself"
             );
-            let n = if kquant(ty) { 512 } else { 96 };
+            let n = if is_kquant(ty) { 512 } else { 96 };
             let act = crate::act_type(ty).unwrap();
             let act_bytes = act.row_bytes(n);
             let weight_sets = [

@@ -160,15 +160,7 @@ impl Layout for Q8_0 {
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
         // SAFETY: NEON (caller); chunk c is bytes 32 + 64c .. +64 of the 544-byte block.
-        unsafe {
-            let [a, b, c, d] = ld4(blk.add(32 + 64 * c));
-            [
-                vreinterpretq_s8_u8(a),
-                vreinterpretq_s8_u8(b),
-                vreinterpretq_s8_u8(c),
-                vreinterpretq_s8_u8(d),
-            ]
-        }
+        unsafe { ld4(blk.add(32 + 64 * c)).map(|v| vreinterpretq_s8_u8(v)) }
     }
 }
 
@@ -198,15 +190,7 @@ impl Layout for Q4_0 {
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
         // SAFETY: NEON (caller); the nibbles are bytes 32..288 of the block.
-        unsafe {
-            let [a, b, c, d] = nibbles(blk.add(32), c);
-            [
-                vreinterpretq_s8_u8(a),
-                vreinterpretq_s8_u8(b),
-                vreinterpretq_s8_u8(c),
-                vreinterpretq_s8_u8(d),
-            ]
-        }
+        unsafe { nibbles(blk.add(32), c).map(|v| vreinterpretq_s8_u8(v)) }
     }
 }
 
@@ -226,15 +210,7 @@ impl Layout for Q4_1 {
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
         // SAFETY: NEON (caller); the nibbles are bytes 64..320 of the block.
-        unsafe {
-            let [a, b, c, d] = nibbles(blk.add(64), c);
-            [
-                vreinterpretq_s8_u8(a),
-                vreinterpretq_s8_u8(b),
-                vreinterpretq_s8_u8(c),
-                vreinterpretq_s8_u8(d),
-            ]
-        }
+        unsafe { nibbles(blk.add(64), c).map(|v| vreinterpretq_s8_u8(v)) }
     }
 }
 

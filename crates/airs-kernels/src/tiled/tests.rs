@@ -26,18 +26,6 @@ pub(super) const TYPES: [GgmlType; 10] = [
     GgmlType::Q6K,
 ];
 
-/// The types with a rows16 layout.
-const ROWS16_TYPES: [GgmlType; 8] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
-
 /// `rows` quantized rows of `n` random values.
 pub(super) fn random_rows(ty: GgmlType, n: usize, rows: usize, seed: &mut u64) -> Vec<u8> {
     let rb = crate::row_bytes(ty, n).unwrap();
@@ -122,7 +110,7 @@ fn avx512_tiles_from_rows16_groups_equal_tiles_from_the_files_rows() {
         return;
     }
     let mut seed = 3;
-    for ty in ROWS16_TYPES {
+    for ty in crate::rows16::TYPES {
         assert!(crate::rows16::has_layout(ty));
         let (kind, _) = kind(ty).unwrap();
         let n = 512;
@@ -149,7 +137,7 @@ fn prepared_products_of_rows16_groups_equal_those_of_the_files_rows() {
     let mut seed = 4;
     let mut compared = 0;
     for isa in [crate::Isa::detect(), crate::Isa::Scalar] {
-        for ty in ROWS16_TYPES {
+        for ty in crate::rows16::TYPES {
             let n = 512;
             let rows = 3 * crate::rows16::GROUP_ROWS;
             let w = random_rows(ty, n, rows, &mut seed);
