@@ -13,14 +13,19 @@
 //!
 //! The scheduler reads each weight matrix once per step for all the sequences in it, so
 //! aggregate decode grows with concurrency until the step's compute, not the weight stream,
-//! dominates. Cost: Σ concurrency × (prompt + gen) tokens of forward passes per repetition,
-//! plus each distinct request once alone for the comparison.
+//! dominates. To say how near that bound a step runs, an int8 dot-product peak probe
+//! (`airs_engine::dot_peak`, the instruction the matrix kernels use) runs on the same threads
+//! before and after, and each concurrency's aggregate decode is reported as multiply-accumulates
+//! per second of the model's matrix products (`Model::matmul_macs_per_token` × tokens/s) and as
+//! a fraction of the faster probe. Cost: Σ concurrency × (prompt + gen) tokens of forward
+//! passes per repetition, plus each distinct request once alone for the comparison, plus the
+//! probe's 12 passes of `--probe-dot-ms`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use airs_engine::KvType;
+use airs_engine::{KvType, probe_int8_dot_peak};
 use airs_memory::{LoadOptions, ModelRegistry};
 use airs_runtime::{
     Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler, SchedulerConfig,
@@ -61,6 +66,10 @@ pub struct BenchBatchArgs {
     /// requests are decoding, against its time to first token on an idle runtime (0: skip).
     #[arg(long, default_value_t = 8)]
     pub probe_background: usize,
+    /// Milliseconds per pass of the int8 dot-product peak probe run before and after the
+    /// measurements (0: no probe).
+    #[arg(long, default_value_t = 20)]
+    pub probe_dot_ms: u64,
     /// Skip serving every request alone for the comparison (profiling the batched runs).
     #[arg(long)]
     pub no_compare: bool,
@@ -341,6 +350,14 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?
     };
 
+    let dot_peak = || {
+        (args.probe_dot_ms > 0).then(|| {
+            let runtime = &model.runtime;
+            probe_int8_dot_peak(&runtime.pool, runtime.isa, args.probe_dot_ms, 5).median_macs_per_s
+        })
+    };
+    let peak_before = dot_peak();
+    let macs_per_token = model.model.matmul_macs_per_token();
     let mut rows = Vec::new();
     let mut identical_all = true;
     let mut one_session: Option<f64> = None;
@@ -390,10 +407,21 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             "peak_batch": runs.iter().map(|r| r.peak_batch).max(),
             "prompt_tokens_computed": runs[0].prefill_tokens,
             "prefix_hit_tokens": runs[0].prefix_hit_tokens,
-            "identical_to_alone": identical,
+            // null when the comparison was skipped (`--no-compare`).
+            "identical_to_alone": (!args.no_compare).then_some(identical),
             "aggregate_all": runs.iter().map(|r| r.concurrent).collect::<Vec<_>>(),
             "aggregate_span_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
         }));
+    }
+    let peak_after = dot_peak();
+    // Against the faster probe, so a slow minute never flatters the step.
+    let peak = peak_before.zip(peak_after).map(|(b, a)| b.max(a));
+    for row in &mut rows {
+        let macs_per_s = row["aggregate_decode_tokens_per_s"]
+            .as_f64()
+            .map(|t| t * macs_per_token as f64);
+        row["matmul_macs_per_s"] = json!(macs_per_s);
+        row["fraction_of_dot_peak"] = json!(macs_per_s.zip(peak).map(|(m, p)| m / p));
     }
     let probe = if args.probe_background > 0 {
         Some(priority_probe(&model, &args, &prompts[0])?)
@@ -410,8 +438,10 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         "shared_prefix": args.shared_prefix,
         "step_tokens": args.step_tokens,
         "reps": args.reps,
+        "matmul_macs_per_token": macs_per_token,
+        "int8_dot_peak_macs_per_s": [peak_before, peak_after],
         "runs": rows,
-        "identical_to_alone": identical_all,
+        "identical_to_alone": (!args.no_compare).then_some(identical_all),
         "interactive_probe": probe.as_ref().map(|p| json!({
             "background_sequences": args.probe_background,
             "ttft_ms_idle": p.0 * 1e3,
@@ -460,8 +490,30 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
                 r["ttft_ms_p50"].as_f64().unwrap_or(0.0),
                 r["ttft_ms_p99"].as_f64().unwrap_or(0.0),
                 r["steps"],
-                r["identical_to_alone"],
+                r["identical_to_alone"]
+                    .as_bool()
+                    .map_or("-".to_string(), |i| i.to_string()),
             );
+        }
+    }
+    if let (Some(before), Some(after), false) = (peak_before, peak_after, args.json) {
+        let best = before.max(after);
+        println!(
+            "int8 dot peak {:.0} G MAC/s before, {:.0} after ({threads} threads); the products \
+             of a token are {:.2} G MAC",
+            before / 1e9,
+            after / 1e9,
+            macs_per_token as f64 / 1e9
+        );
+        for r in report["runs"].as_array().expect("rows") {
+            if let Some(m) = r["matmul_macs_per_s"].as_f64() {
+                println!(
+                    "  {:>2} sessions: products at {:.0} G MAC/s, {:.0} % of the peak",
+                    r["sessions"],
+                    m / 1e9,
+                    100.0 * m / best
+                );
+            }
         }
     }
     if let Some((idle, busy)) = probe.filter(|_| !args.json) {

@@ -317,3 +317,55 @@ fn perplexity_reports_chunks_and_refuses_a_reference_of_another_model() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_batch_serves_batched_requests_as_alone_and_weighs_them_against_the_dot_peak() {
+    let v = json_of(&[
+        "bench",
+        "batch",
+        "--sessions",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "6",
+        "--probe-background",
+        "0",
+        "--probe-dot-ms",
+        "2",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["identical_to_alone"], true);
+    // stories260K: 5 layers of q, o (64×64), k, v (32×64), gate, up (172×64), down (64×172),
+    // and the output projection (512×64).
+    let macs = 5 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 512 * 64;
+    assert_eq!(v["matmul_macs_per_token"], macs);
+    let peaks: Vec<f64> = v["int8_dot_peak_macs_per_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .collect();
+    assert!(
+        peaks.len() == 2 && peaks.iter().all(|&p| p > 1e6),
+        "{peaks:?}"
+    );
+    let peak = peaks[0].max(peaks[1]);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(
+        runs.iter()
+            .map(|r| r["sessions"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 3]
+    );
+    for r in runs {
+        assert_eq!(r["identical_to_alone"], true);
+        let tokens_per_s = r["aggregate_decode_tokens_per_s"].as_f64().unwrap();
+        let macs_per_s = r["matmul_macs_per_s"].as_f64().unwrap();
+        assert!((macs_per_s / (tokens_per_s * macs as f64) - 1.0).abs() < 1e-9);
+        let fraction = r["fraction_of_dot_peak"].as_f64().unwrap();
+        assert!((fraction * peak / macs_per_s - 1.0).abs() < 1e-9);
+    }
+}

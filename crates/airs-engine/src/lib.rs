@@ -5,6 +5,7 @@
 //! strings, scheduling) lives in airs-runtime.
 
 pub mod bandwidth;
+pub mod dot_peak;
 pub mod error;
 pub mod footprint;
 pub mod forward;
@@ -19,6 +20,7 @@ pub mod repack;
 pub mod sampler;
 
 pub use bandwidth::{ReadBandwidth, probe_read_bandwidth};
+pub use dot_peak::{DotPeak, probe_int8_dot_peak};
 pub use error::{EngineError, EngineErrorKind};
 pub use forward::{BatchOutput, BatchSeq, Logits, Output, Runtime};
 pub use image::{MappedFile, ModelImage, OwnedImage, StaticImage};

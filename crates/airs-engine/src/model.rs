@@ -307,6 +307,17 @@ impl Model {
         self.layer_matrix_bytes() + self.output.bytes() + self.token_embd.row_bytes
     }
 
+    /// Multiply-accumulates of the matrix products of one token: every layer matrix and the
+    /// output projection, rows × columns each (attention over the cache not counted).
+    pub fn matmul_macs_per_token(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain([&self.output])
+            .map(|t| t.rows * t.cols)
+            .sum()
+    }
+
     /// Bytes of all weights in the image (tensor data, header excluded).
     pub fn weight_bytes(&self) -> usize {
         let untied = if self.config.tied_output {

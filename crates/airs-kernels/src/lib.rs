@@ -28,6 +28,7 @@ mod gated;
 mod isa;
 mod kquants;
 mod legacy;
+pub mod peak;
 pub mod rows16;
 mod stream;
 mod tiled;

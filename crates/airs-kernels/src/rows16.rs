@@ -752,10 +752,13 @@ pub(crate) mod q4k {
                         // Tokens in pairs: eight independent `vpdpbusd` chains in flight
                         // (four per token, each four deep: its 5-cycle latency hidden), so
                         // the two ports that run them stay busy; an odd last token alone.
-                        // Each chain sums 16 values, |Σ q·y| ≤ 16·15·128 fits i16, so
-                        // `vpdpwssd` against the scale (an i16 pair (sc, 0)) applies it
-                        // exactly, in place of `vpmulld` (2 µops, 10 cycles). Q5_K's codes
-                        // reach 31: its chains sum 8 values (≤ 8·31·128), eight per token.
+                        // A sub-block's two chains (chunks k even and odd) are added and its
+                        // scale applied with `vpmulld`, exact in i32 (|Σ q·y| ≤ 32·31·128).
+                        // `vpmulld` runs beside the `vpdpbusd` ports; `vpdpwssd` against an
+                        // i16 scale (what this kernel did, on chains of 16 values, 8 for
+                        // Q5_K, to stay in i16) takes their slots: a microbenchmark of 32
+                        // `vpdpbusd` with 8 `vpdpwssd` ran 180-183 G MAC/s, with 4 `vpaddd` +
+                        // 2 `vpmulld` + 2 `vpaddd` 197-206.
                         // (Macros, not closures: a closure's body does not inherit the
                         // function's target features, and its intrinsics become calls.)
                         macro_rules! y_of {
@@ -768,36 +771,32 @@ pub(crate) mod q4k {
                                     .cast::<i32>()
                             };
                         }
+                        // The scales as i32 (the i16 pair (sc, 0) read as one lane).
                         let (sc_lo, sc_hi) = (sc[2 * j], sc[2 * j + 1]);
-                        // Chains per half (sub-block) of each token: Q4_K 2 of 16 values,
-                        // chunk k's being k % 2; Q5_K 4 of 8 values, chunk k's k / 2.
-                        let half = if FIVE { 4 } else { 2 };
                         macro_rules! apply {
                             ($is:expr, $s:expr) => {{
-                                let mut v = $is;
-                                for (c, s) in $s[..2 * half].iter().enumerate() {
-                                    let sc = if c < half { sc_lo } else { sc_hi };
-                                    v = _mm512_dpwssd_epi32(v, *s, sc);
-                                }
-                                v
+                                let [a, b, c, d] = $s;
+                                let lo = _mm512_mullo_epi32(_mm512_add_epi32(a, b), sc_lo);
+                                let hi = _mm512_mullo_epi32(_mm512_add_epi32(c, d), sc_hi);
+                                _mm512_add_epi32($is, _mm512_add_epi32(lo, hi))
                             }};
                         }
-                        // The `2 · half` chains of each of the `$n` tokens of `$ys` (activation
-                        // codes at sub-block pair j), the tokens' `vpdpbusd` interleaved.
+                        // The four chains of each of the `$n` tokens of `$ys` (activation
+                        // codes at sub-block pair j): sub-block 2j's chunks k even and odd,
+                        // then 2j + 1's; the tokens' `vpdpbusd` interleaved.
                         macro_rules! chains {
                             ($n:literal, $ys:expr) => {{
                                 let ys: [*const i32; $n] = $ys;
-                                let mut s = [[_mm512_setzero_si512(); 8]; $n];
+                                let mut s = [[_mm512_setzero_si512(); 4]; $n];
                                 for k in 0..8 {
-                                    let c_lo = if FIVE { k / 2 } else { k % 2 };
-                                    let c_hi = half + c_lo;
                                     for (y, s) in ys.iter().zip(s.iter_mut()) {
                                         let lo_y = _mm512_set1_epi32(y.add(k).read_unaligned());
-                                        s[c_lo] = _mm512_dpbusd_epi32(s[c_lo], lo[k], lo_y);
+                                        s[k % 2] = _mm512_dpbusd_epi32(s[k % 2], lo[k], lo_y);
                                     }
                                     for (y, s) in ys.iter().zip(s.iter_mut()) {
                                         let hi_y = _mm512_set1_epi32(y.add(8 + k).read_unaligned());
-                                        s[c_hi] = _mm512_dpbusd_epi32(s[c_hi], hi4[k], hi_y);
+                                        s[2 + k % 2] =
+                                            _mm512_dpbusd_epi32(s[2 + k % 2], hi4[k], hi_y);
                                     }
                                 }
                                 s
