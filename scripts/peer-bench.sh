@@ -10,7 +10,8 @@
 #
 # Usage: scripts/peer-bench.sh IK_BUILD_BIN MODEL.gguf... [-- SITTINGS]   (default 3 sittings)
 #   IK_BUILD_BIN: the directory holding ik_llama.cpp's llama-bench
-# Prints a markdown table on stdout; progress on stderr.
+# Prints markdown tables on stdout: the speeds, and decode as weight bandwidth against airs'
+# read-bandwidth probe of the same sittings. Progress on stderr.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -48,13 +49,15 @@ pp = [r["avg_ts"] for r in d if r["n_gen"] == 0][0]
 tg = [r["avg_ts"] for r in d if r["n_prompt"] == 0][0]
 print(f"{pp:.1f} {tg:.1f}")'
 }
-airs_run() { # model → "pp tg"
+airs_run() { # model → "pp tg weight_bytes_per_token probe_gb_per_s"
   "$airs" bench decode --model "$1" --threads $threads --prompt-tokens 512 --gen-tokens 128 \
     --reps 3 --loader eager --json 2>/dev/null |
     python3 -c 'import json,sys
 d = json.load(sys.stdin)
 pp, tg = d["prefill_tokens_per_s"], d["decode_tokens_per_s"]
-print(f"{pp:.1f} {tg:.1f}")'
+probe = max(p for p in d["read_probe_gb_per_s"] if p is not None)
+weights = d["weight_bytes_per_token"]
+print(f"{pp:.1f} {tg:.1f} {weights} {probe:.2f}")'
 }
 
 load_before=$(load)
@@ -71,9 +74,12 @@ load_after=$(load)
 python3 - "$results" "$load_before" "$load_after" "$sittings" <<'EOF'
 import os, statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-by = {}
-for m, engine, pp, tg in rows:
+by, bytes_per_token, probes = {}, {}, {}
+for m, engine, pp, tg, *extra in rows:
     by.setdefault(m, {}).setdefault(engine, []).append((float(pp), float(tg)))
+    if extra:
+        bytes_per_token[m] = int(extra[0])
+        probes.setdefault(m, []).append(float(extra[1]))
 med = lambda xs: statistics.median(xs)
 print(f"{sys.argv[4]} sittings, 2 threads, load average {sys.argv[2]} before, {sys.argv[3]} after")
 print()
@@ -87,4 +93,15 @@ for m, e in by.items():
     a_tg = med([t for _, t in e["airs"]])
     print(f"| {os.path.basename(m)} | {cell('ik')} | {cell('ik-rtr')} | {cell('airs')} | "
           f"{a_pp / best_pp:.2f}× / {a_tg / best_tg:.2f}× |")
+# Decode as weight bandwidth: each engine's median tokens/s times the weight bytes a token
+# reads (airs' count for the same file), against the median of airs' read-bandwidth probes.
+print()
+print("| file | weights per token | ik GB/s | ik -rtr GB/s | airs GB/s | read probe GB/s |")
+print("|---|---|---|---|---|---|")
+for m, e in by.items():
+    b = bytes_per_token[m]
+    probe = med(probes[m])
+    gbps = lambda k: med([t for _, t in e[k]]) * b / 1e9
+    cells = " | ".join(f"{gbps(k):.1f} ({100 * gbps(k) / probe:.0f} %)" for k in ("ik", "ik-rtr", "airs"))
+    print(f"| {os.path.basename(m)} | {b / 1e6:.1f} MB | {cells} | {probe:.1f} |")
 EOF
