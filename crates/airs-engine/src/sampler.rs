@@ -103,15 +103,45 @@ pub struct Sampler {
     candidates: Vec<(u32, f32)>,
 }
 
-/// Index of the largest value, ties to the lowest index.
+/// Index of the largest value, ties to the lowest index: what a scan from index 0 that moves
+/// to every value greater than the best so far returns (a NaN never compares greater, so it is
+/// skipped, and a NaN at index 0 is kept).
+///
+/// Computed in two passes that vectorize: the largest value in 16 independent lanes, then the
+/// first block of 16 that holds it. The scan itself is one chain of dependent compares, ~110 µs
+/// over Qwen's 151,936 logits: serial work per sequence in every decode step.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    const LANES: usize = 16;
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [first; LANES];
+    let mut blocks = logits.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (m, &l) in lanes.iter_mut().zip(block) {
+            *m = if l > *m { l } else { *m };
         }
     }
-    best as u32
+    let mut max = first;
+    for &l in lanes.iter().chain(blocks.remainder()) {
+        if l > max {
+            max = l;
+        }
+    }
+    // The scan stops moving at the first value equal to the largest (−0.0 equals 0.0, and
+    // whichever of the two comes first is the scan's answer too).
+    let block = logits
+        .chunks(LANES)
+        .position(|b| b.iter().fold(false, |hit, &l| hit | (l == max)))
+        .unwrap_or(0);
+    let at = logits[block * LANES..]
+        .iter()
+        .position(|&l| l == max)
+        .unwrap_or(0);
+    (block * LANES + at) as u32
 }
 
 impl Sampler {
@@ -250,6 +280,49 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The scan `argmax` computes in two vectorized passes.
+    fn scan(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    /// Logits from a small set of values, so that ties, signed zeros, infinities and NaNs
+    /// come up often.
+    fn logit() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            (-4i32..4).prop_map(|v| v as f32),
+            Just(-0.0f32),
+            Just(f32::INFINITY),
+            Just(f32::NEG_INFINITY),
+            Just(f32::NAN),
+            any::<f32>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn argmax_is_the_scan_for_ties_zeros_infinities_and_nans(
+            logits in proptest::collection::vec(logit(), 0..80),
+        ) {
+            prop_assert_eq!(argmax(&logits), scan(&logits));
+        }
+    }
+
+    #[test]
+    fn argmax_finds_the_first_largest_value_in_a_vocabulary() {
+        let mut logits: Vec<f32> = (0..151_936).map(|i| ((i * 7919) % 1000) as f32).collect();
+        logits[123_457] = 2000.0;
+        logits[140_000] = 2000.0;
+        assert_eq!(argmax(&logits), 123_457);
+        assert_eq!(argmax(&logits), scan(&logits));
+    }
 
     #[test]
     fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
