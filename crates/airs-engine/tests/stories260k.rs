@@ -15,7 +15,16 @@ fn stories260k_matches_llama_cpp_reference_runs() {
         let mut kv = contiguous(&model, kv_type(&reference), 256);
         let steps = reference.greedy_token_ids.len();
         let (logits, ids) = greedy(&model, &rt, &mut kv, &reference.prompt_token_ids, steps);
-        check_against(&reference, &logits, &ids, 1e-3, 0.05);
+        // An f16 cache rounds K, V, and (as llama.cpp's `mul_mat` against f16 does) the
+        // queries and probabilities to f16: a summation-order difference far below f32's
+        // precision can flip one of those roundings, one f16 step (~5e-4 relative) in a
+        // score, and move a logit by ~1e-3 (the prompt with an f16 cache: 0.8e-3 on the
+        // scalar path, 1.1e-3 with AVX2). An f32 cache has no such step: 6e-6 on both.
+        let tol = match kv_type(&reference) {
+            airs_engine::KvType::F16 => 2e-3,
+            _ => 1e-4,
+        };
+        check_against(&reference, &logits, &ids, tol, 0.05);
         assert_eq!(ids, reference.greedy_token_ids, "{stem}: every greedy id");
     }
 }
