@@ -365,19 +365,24 @@ impl<'a> RowJob<'a> {
                 )
                 .expect("matmul geometry checked at model load");
             }
-            _ if tokens == 1 => {
+            _ if tokens == 1 && airs_kernels::matmul_matches_scalar(isa, w.ty) => {
                 // SAFETY: chunks partition 0..rows and runs partition each chunk.
                 let out = unsafe { self.out.slice(r0..r1) };
                 airs_kernels::matmul(isa, w.ty, w.cols, w_rows, self.acts, out, width)
                     .expect("matmul geometry checked at model load");
             }
-            Some(prepared) if tokens <= G && width.is_multiple_of(G) => {
+            Some(prepared)
+                if width.is_multiple_of(G)
+                    && (tokens <= G || !airs_kernels::matmul_matches_scalar(isa, w.ty)) =>
+            {
                 // Whole groups of a repacked matrix left in the file's layout (those that
                 // straddle a load chunk and are over an eighth of it: none at the default
                 // 2 MiB chunks, see `crate::repack`): repacked here, one at a time, for the
                 // rows16 kernel — preparing every token's activations for the tiled kernels
                 // cost ~4 % of a 16-sequence decode step for such rows (profiled), and the
-                // one-token kernel token by token more.
+                // one-token kernel token by token more. Where the file-layout kernels do not
+                // sum as the scalar reference does (AVX2), always, so that every whole group
+                // of a repacked matrix gives the reference's bits whatever its layout.
                 NATURAL.with(|packed| {
                     let mut packed = packed.borrow_mut();
                     packed.resize(G * w.row_bytes, 0);
@@ -394,6 +399,12 @@ impl<'a> RowJob<'a> {
                         .expect("matmul geometry checked at model load");
                     }
                 });
+            }
+            _ if tokens == 1 => {
+                // SAFETY: chunks partition 0..rows and runs partition each chunk.
+                let out = unsafe { self.out.slice(r0..r1) };
+                airs_kernels::matmul(isa, w.ty, w.cols, w_rows, self.acts, out, width)
+                    .expect("matmul geometry checked at model load");
             }
             _ => TILE.with(|tile| {
                 let mut tile = tile.borrow_mut();

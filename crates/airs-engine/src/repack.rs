@@ -16,8 +16,11 @@
 //! straddling group is repacked only when it is at most an eighth of a chunk (always at the
 //! default 2 MiB; at the smallest 64 KiB chunks, groups under 8 KiB). A group that is not, and a
 //! final group of fewer than 16 rows, keep the GGUF layout, and [`RepackPlan::packed_groups`]
-//! tells the model which is which by the same rule. Results do not depend on the layout: both
-//! kernels are bit-identical to the scalar reference.
+//! tells the model which is which by the same rule. Which rows keep the file's layout is
+//! fixed by the plan, so a row's results never depend on batching; where the instruction set's
+//! GGUF-layout kernels are bit-identical to the scalar reference (AVX-512 VNNI, NEON with
+//! `sdot`) they do not depend on the layout either (AVX2's GGUF-layout dots sum in ggml's
+//! order, the rows16 ones in the reference's).
 //!
 //! Where the design comes from: ik_llama.cpp's run-time repacking (`-rtr`), which converts
 //! tensors to `_R4`/`_R8` types after loading (an extra pass, and the file's type is gone);

@@ -122,6 +122,13 @@ pub(crate) fn has_neon_dotprod(isa: Isa) -> bool {
     path(isa) == Path::NeonDotprod
 }
 
+/// Whether `isa` runs AVX2, FMA and F16C code (and not AVX-512 VNNI's) on this CPU.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx2(isa: Isa) -> bool {
+    matches!(path(isa), Path::Avx2 | Path::Avx512)
+}
+
 /// Whether `isa` runs AVX-512 F/BW/VL/VNNI (+ AVX2/FMA/F16C) code on this CPU.
 #[cfg(target_arch = "x86_64")]
 #[inline]

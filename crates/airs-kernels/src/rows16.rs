@@ -42,13 +42,16 @@
 //! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
 //! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 (and Q4_1/Q5_1)
 //! prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). Kernels ([`fast`]):
-//! AVX-512 VNNI (`mod x86`) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
-//! unmeasured: no aarch64 hardware here); elsewhere (AVX2, a Pi 4's NEON without `sdot`) the loaders do not
-//! repack, and a repacked group is unpacked into a buffer and multiplied by the GGUF-layout
-//! kernels.
+//! AVX-512 VNNI (`mod x86`), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
+//! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
+//! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only
+//! x86) the loaders do not repack, and a repacked group is unpacked into a buffer and
+//! multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -209,7 +212,7 @@ fn is_kquant(ty: GgmlType) -> bool {
 pub fn fast(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        has_layout(ty) && crate::legacy::has_avx512_vnni(isa)
+        has_layout(ty) && (crate::legacy::has_avx512_vnni(isa) || crate::legacy::has_avx2(isa))
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -490,6 +493,18 @@ pub fn matmul_rows(
             expected: tokens * rows,
             got: outs.iter().map(|o| o.len().min(rows)).sum(),
         });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fast(isa, ty) && !crate::legacy::has_avx512_vnni(isa) {
+        assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
+        for t0 in (0..tokens).step_by(avx2::MAX_TOKENS) {
+            let t1 = (t0 + avx2::MAX_TOKENS).min(tokens);
+            // SAFETY: `fast` checked AVX2, FMA and F16C; the geometry is checked above (whole
+            // groups, whole activation rows, an output row of at least `rows` values per
+            // activation row) and the terms cover every row (asserted).
+            unsafe { avx2::run(w, acts, t0..t1, &mut outs[t0..t1]) };
+        }
+        return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
     if fast(isa, ty) {

@@ -1,0 +1,797 @@
+//! AVX2 kernels for the rows16 layout (x86-64 without AVX-512 VNNI: AMD Zen 2/3, Intel before
+//! Ice Lake), bit-identical to the scalar reference like the AVX-512 and NEON ones.
+//!
+//! What: a chunk (4 codes × 16 rows, 64 bytes) is two 256-bit registers of 8 rows (a half).
+//! AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies the unsigned weight codes with 4 broadcast
+//! signed activation codes into i16 pair sums per row lane, and those are summed in i16 over
+//! as many chunks as cannot overflow ([`Layout::SUM16`]: 8 for 4-bit codes, 4 for 5-bit, 2
+//! for 6-bit) before one `vpmaddwd` widens them to i32, by 1 (legacy types) or by the
+//! sub-block's scale (k-quants: the scale multiply comes free). Codes are unsigned where the
+//! layout allows: Q4_0/Q5_0 with the activations' `−off·Σy` term as start, Q4_K/Q5_K with
+//! their mins from the sub-block sums, Q6_K as `q` with `−32·Σ sc·Σy` per superblock; Q8_0's
+//! signed codes take the sign trick (`|w|` times `y` with `w`'s sign, exact as the activation
+//! quantizers never emit −128). Integer sums are exact in any order; each block's float step
+//! is the reference's, on 8 row lanes per register.
+//!
+//! Tokens: compiled per count 1..=16; per block (superblock) the chunks are decoded once into
+//! a stack buffer and every token runs over them from L1.
+//!
+//! Where it comes from: the parent module's AVX-512 kernels (layout, terms, float steps),
+//! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
+//! `vpmaddwd` by the scales). Cost per 64 weight bytes and token: two `vpmaddubsw` (Q8_0 also
+//! two `vpsignb`), about one `vpaddw` and a fraction of a `vpmaddwd`; the chunk's decode (Q8_0
+//! one op a register, Q4_0/Q4_K one or two, Q5_0 six, Q6_K three) once per block; per block and
+//! token a float step on 16 lanes.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{Activations, GROUP_ROWS, q4k, q5k, q6k};
+use crate::GgmlType;
+
+/// Activation rows one call takes (the caller splits more).
+pub(super) const MAX_TOKENS: usize = 16;
+
+/// A chunk: rows 0..8 and 8..16.
+type Chunk = [__m256i; 2];
+
+/// The 16 f16 at `p` as f32, 8 rows a register.
+///
+/// # Safety
+/// AVX2 and F16C; `p` addresses 32 readable bytes.
+#[inline(always)]
+unsafe fn f16x16(p: *const u8) -> [__m256; 2] {
+    // SAFETY: F16C (caller); two 16-byte loads inside the caller's 32 bytes.
+    unsafe {
+        [
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+        ]
+    }
+}
+
+/// The two halves of the 64-byte register at `p`.
+///
+/// # Safety
+/// AVX2; `p` addresses 64 readable bytes.
+#[inline(always)]
+unsafe fn ld2(p: *const u8) -> Chunk {
+    // SAFETY: AVX2 (caller); two loads inside the caller's 64 bytes.
+    unsafe {
+        [
+            _mm256_loadu_si256(p.cast()),
+            _mm256_loadu_si256(p.add(32).cast()),
+        ]
+    }
+}
+
+/// The low (`high` false) or high nibbles of each byte.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn nibble(v: __m256i, high: bool) -> __m256i {
+    // SAFETY: AVX2 (caller).
+    unsafe {
+        let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+    }
+}
+
+/// The low (`high` false) or high nibbles of the 64-byte register at `p`.
+///
+/// # Safety
+/// AVX2; `p` addresses 64 readable bytes.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
+    // SAFETY: AVX2 (caller); the register is the caller's.
+    unsafe {
+        let v = ld2(p);
+        [nibble(v[0], high), nibble(v[1], high)]
+    }
+}
+
+/// A rows16 type as these kernels decode it.
+trait Layout {
+    /// Bytes of one block (legacy) or superblock (k-quants) of a group.
+    const GROUP_BLOCK: usize;
+    /// Chunks (4 values × 16 rows) per block.
+    const CHUNKS: usize;
+    /// Chunks whose `vpmaddubsw` pair sums may be added in i16: `SUM16 · 2 · max code · 128`
+    /// ≤ 32767.
+    const SUM16: usize;
+    /// Codes signed (Q8_0: the sign trick), else unsigned.
+    const SIGNED: bool = false;
+    /// The codes of chunk `c` (values `4c..4c+4` of the block, in block order) of the block at
+    /// `blk`, rows 0..8 and 8..16.
+    ///
+    /// # Safety
+    /// AVX2; `blk` addresses one whole block of a group of this layout; `c < CHUNKS`.
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk;
+}
+
+/// Q8_0: 32 f16 scale bytes, then 8 chunks of signed codes.
+struct Q8_0;
+/// Q4_0: scales, then 4 chunks of nibbles (low: chunks 0..4, high: 4..8); codes 0..=15.
+struct Q4_0;
+/// Q5_0: scales, 8 u64 fifth-bit masks, then the nibbles as Q4_0; codes 0..=31.
+struct Q5_0;
+/// Q4_1: scales, mins, then the nibbles as Q4_0; codes 0..=15.
+struct Q4_1;
+/// Q5_1: scales, mins, then Q5_0's masks and nibbles; codes 0..=31.
+struct Q5_1;
+
+impl Layout for Q8_0 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 34;
+    const CHUNKS: usize = 8;
+    const SUM16: usize = 1;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // SAFETY: AVX2 (caller); chunk c is bytes 32 + 64c .. +64 of the 544-byte block.
+        unsafe { ld2(blk.add(32 + 64 * c)) }
+    }
+}
+
+impl Layout for Q4_0 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 18;
+    const CHUNKS: usize = 8;
+    const SUM16: usize = 8;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // SAFETY: AVX2 (caller); the nibbles are bytes 32..288 of the block.
+        unsafe { nibbles(blk.add(32 + 64 * (c % 4)), c >= 4) }
+    }
+}
+
+impl Layout for Q5_0 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 22;
+    const CHUNKS: usize = 8;
+    const SUM16: usize = 4;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // SAFETY: AVX2 (caller); the masks are bytes 32..96 of the block, the nibbles 96..352.
+        unsafe { five_bit_chunk(blk.add(32), blk.add(96), c) }
+    }
+}
+
+impl Layout for Q4_1 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 20;
+    const CHUNKS: usize = 8;
+    const SUM16: usize = 8;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // SAFETY: AVX2 (caller); the nibbles are bytes 64..320 of the block.
+        unsafe { nibbles(blk.add(64 + 64 * (c % 4)), c >= 4) }
+    }
+}
+
+impl Layout for Q5_1 {
+    const GROUP_BLOCK: usize = GROUP_ROWS * 24;
+    const CHUNKS: usize = 8;
+    const SUM16: usize = 4;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // SAFETY: AVX2 (caller); the masks are bytes 64..128 of the block, the nibbles
+        // 128..384.
+        unsafe { five_bit_chunk(blk.add(64), blk.add(128), c) }
+    }
+}
+
+/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` plus 16 where bit `j` of the u64 mask
+/// `c` at `masks` is set (byte `j` of the chunk's 64). Each half's 32 bits are spread over its
+/// 32 bytes (byte `j` takes byte `j / 8` of them, `vpshufb`), tested against `1 << j % 8`.
+///
+/// # Safety
+/// AVX2; `masks` addresses 64 readable bytes, `qs` 256; `c < 8`.
+#[inline(always)]
+unsafe fn five_bit_chunk(masks: *const u8, qs: *const u8, c: usize) -> Chunk {
+    // SAFETY: AVX2 (caller); mask c is at `masks + 8c`, its halves at +0 and +4; the nibbles
+    // inside `qs`'s 256 bytes.
+    unsafe {
+        let nib = nibbles(qs.add(64 * (c % 4)), c >= 4);
+        let spread = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let sixteen = _mm256_set1_epi8(0x10);
+        let mut out = nib;
+        for (h, o) in out.iter_mut().enumerate() {
+            let m = masks.add(8 * c + 4 * h).cast::<i32>().read_unaligned();
+            let set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(m), spread), bits);
+            let fifth = _mm256_and_si256(_mm256_cmpeq_epi8(set, bits), sixteen);
+            *o = _mm256_or_si256(*o, fifth);
+        }
+        out
+    }
+}
+
+/// A legacy type: Q4_0's and Q5_0's codes are offset by the activations' block term; Q4_1's
+/// and Q5_1's have a min.
+trait Legacy: Layout {
+    const OFFSET: bool;
+    /// Whether blocks have a min `m` (the 16 rows' f16 after their scales): the reference's
+    /// `+ m·(dy·Σy)`.
+    const MIN: bool = false;
+}
+impl Legacy for Q8_0 {
+    const OFFSET: bool = false;
+}
+impl Legacy for Q4_0 {
+    const OFFSET: bool = true;
+}
+impl Legacy for Q5_0 {
+    const OFFSET: bool = true;
+}
+impl Legacy for Q4_1 {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
+}
+impl Legacy for Q5_1 {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
+}
+
+/// Q4_K superblocks: sub-blocks of 32 values (8 chunks); codes 0..=15.
+struct Q4K;
+/// Q5_K superblocks: Q4_K's with the fifth bits; codes 0..=31.
+struct Q5K;
+/// Q6_K superblocks: sub-blocks of 16 values (4 chunks); codes 0..=63 (the reference's
+/// `q − 32` with the offset taken out per superblock).
+struct Q6K;
+
+impl Layout for Q4K {
+    const GROUP_BLOCK: usize = q4k::GROUP_BLOCK;
+    const CHUNKS: usize = 64;
+    const SUM16: usize = 8;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // Chunk c: sub-block s = c / 8 (nibbles of pair s / 2, low for even s), chunk c % 8.
+        let s = c / 8;
+        // SAFETY: AVX2 (caller); the codes are bytes 256..2304 of the superblock.
+        unsafe { nibbles(blk.add(256 + 512 * (s / 2) + 64 * (c % 8)), s % 2 == 1) }
+    }
+}
+
+impl Layout for Q5K {
+    const GROUP_BLOCK: usize = q5k::GROUP_BLOCK;
+    const CHUNKS: usize = 64;
+    const SUM16: usize = 4;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // Chunk c: sub-block s = c / 8 as Q4_K's, whose fifth bits are bit s of the bytes of
+        // `qh` register c % 8, shifted to bit 4 (16-bit shifts: bit 4 of each byte comes from
+        // the same byte).
+        let s = c / 8;
+        // SAFETY: AVX2 (caller); `qh` is bytes 256..768 of the superblock, the codes
+        // 768..2816.
+        unsafe {
+            let mut out = nibbles(
+                blk.add(q5k::CODES + 512 * (s / 2) + 64 * (c % 8)),
+                s % 2 == 1,
+            );
+            let h = ld2(blk.add(q5k::QH + 64 * (c % 8)));
+            let sixteen = _mm256_set1_epi8(0x10);
+            for (o, h) in out.iter_mut().zip(h) {
+                let at4 = match s {
+                    0 => _mm256_slli_epi16::<4>(h),
+                    1 => _mm256_slli_epi16::<3>(h),
+                    2 => _mm256_slli_epi16::<2>(h),
+                    3 => _mm256_slli_epi16::<1>(h),
+                    4 => h,
+                    5 => _mm256_srli_epi16::<1>(h),
+                    6 => _mm256_srli_epi16::<2>(h),
+                    _ => _mm256_srli_epi16::<3>(h),
+                };
+                *o = _mm256_or_si256(*o, _mm256_and_si256(at4, sixteen));
+            }
+            out
+        }
+    }
+}
+
+impl Layout for Q6K {
+    const GROUP_BLOCK: usize = q6k::GROUP_BLOCK;
+    const CHUNKS: usize = 64;
+    const SUM16: usize = 2;
+    #[inline(always)]
+    unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
+        // Values 4c.. = 128h + 32f + 4k..: low nibbles of ql chunk k (f = 0) or 8 + k (f = 1),
+        // high nibbles of those (f = 2, 3); top bits: pair f of qh chunk k, moved to bits 4-5.
+        let (h, f, k) = (c / 32, c / 8 % 4, c % 8);
+        // SAFETY: AVX2 (caller); the layout's ql and qh chunks are inside the superblock.
+        unsafe {
+            let mut out = nibbles(blk.add(q6k::ql(h, 8 * (f % 2) + k)), f >= 2);
+            let qh = ld2(blk.add(q6k::qh(h, k)));
+            let top = _mm256_set1_epi8(0x30);
+            for (o, qh) in out.iter_mut().zip(qh) {
+                let hb = match f {
+                    0 => _mm256_slli_epi16::<4>(qh),
+                    1 => _mm256_slli_epi16::<2>(qh),
+                    2 => qh,
+                    _ => _mm256_srli_epi16::<2>(qh),
+                };
+                *o = _mm256_or_si256(*o, _mm256_and_si256(hb, top));
+            }
+            out
+        }
+    }
+}
+
+/// Decode every chunk of the block at `blk` into `buf` (`L::CHUNKS` chunks; Q8_0: the codes'
+/// magnitudes, their signs kept in `signs`).
+///
+/// # Safety
+/// As [`Layout::chunk`]; `buf` (and for Q8_0 `signs`) has room for `L::CHUNKS` chunks.
+#[inline(always)]
+unsafe fn decode_block<L: Layout>(blk: *const u8, buf: &mut [Chunk], signs: &mut [Chunk]) {
+    for c in 0..L::CHUNKS {
+        // SAFETY: `c` is a chunk of the block (caller).
+        let w = unsafe { L::chunk(blk, c) };
+        if L::SIGNED {
+            signs[c] = w;
+            // SAFETY: AVX2 (caller).
+            buf[c] = unsafe { [_mm256_sign_epi8(w[0], w[0]), _mm256_sign_epi8(w[1], w[1])] };
+        } else {
+            buf[c] = w;
+        }
+    }
+}
+
+/// Integer dots of the decoded chunks `chunks` with one token's activation codes `y` (its
+/// block, `4 · chunks.end` bytes): per half, the i32 sums of `vpmaddubsw` pair sums over
+/// every run of `L::SUM16` chunks, each run widened by `vpmaddwd` with `scale` (i16 pairs,
+/// equal in a lane: 1, or a k-quant sub-block's scale), added to `init`.
+///
+/// # Safety
+/// AVX2; `y` has `4 · chunks.end` readable bytes; `buf` (and `signs` for Q8_0) hold the
+/// chunks.
+#[inline(always)]
+unsafe fn dots<L: Layout>(
+    buf: &[Chunk],
+    signs: &[Chunk],
+    chunks: Range<usize>,
+    y: *const u8,
+    scale: &[__m256i; 2],
+    init: [__m256i; 2],
+) -> [__m256i; 2] {
+    // SAFETY: AVX2 (caller); the codes of chunk c are bytes 4c..4c+4 of `y`.
+    unsafe {
+        let mut acc = init;
+        let mut c = chunks.start;
+        while c < chunks.end {
+            let mut sum = [_mm256_setzero_si256(); 2];
+            for i in 0..L::SUM16 {
+                let yc = _mm256_set1_epi32(y.add(4 * (c + i)).cast::<i32>().read_unaligned());
+                for h in 0..2 {
+                    let ys = if L::SIGNED {
+                        _mm256_sign_epi8(yc, signs[c + i][h])
+                    } else {
+                        yc
+                    };
+                    let p = _mm256_maddubs_epi16(buf[c + i][h], ys);
+                    sum[h] = if i == 0 {
+                        p
+                    } else {
+                        _mm256_add_epi16(sum[h], p)
+                    };
+                }
+            }
+            for h in 0..2 {
+                acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(sum[h], scale[h]));
+            }
+            c += L::SUM16;
+        }
+        acc
+    }
+}
+
+/// Per-token views of one product: each token's activation row and its per-block scales and
+/// integer terms (offset sums, mins, k-quant sub-block sums; empty where the type has none).
+struct Rows<'a, const T: usize> {
+    ys: [*const u8; T],
+    dys: [&'a [f32]; T],
+    offs: [&'a [i32]; T],
+    mins: [&'a [f32]; T],
+    bsums: [&'a [[i32; 16]]; T],
+    min_pairs: [&'a [[i32; 4]]; T],
+}
+
+/// The 16 row dots of the legacy group at `group` (`nb` blocks) with each of `T` tokens: per
+/// block, `f += Σ q·y · (d·dy)` as the scalar reference (`sum += sumi · (d·dy)`; with a min
+/// `sum += (d·dy)·sumi + m·(dy·Σy)`).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `group` one whole group of `L` with `nb` blocks; `rows` `T` activation
+/// rows of `nb` blocks with their terms.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_group<L: Legacy, const T: usize>(
+    group: *const u8,
+    nb: usize,
+    rows: &Rows<'_, T>,
+) -> [[__m256; 2]; T] {
+    let mut f = [[_mm256_setzero_ps(); 2]; T];
+    let mut buf = [[_mm256_setzero_si256(); 2]; 8];
+    let mut signs = [[_mm256_setzero_si256(); 2]; 8];
+    let ones = [_mm256_set1_epi16(1); 2];
+    for b in 0..nb {
+        // SAFETY: block b of the group and of every activation row are inside them (caller);
+        // CPU features are this fn's.
+        unsafe {
+            let blk = group.add(L::GROUP_BLOCK * b);
+            let d = f16x16(blk);
+            let m = if L::MIN {
+                f16x16(blk.add(32))
+            } else {
+                [_mm256_setzero_ps(); 2]
+            };
+            decode_block::<L>(blk, &mut buf, &mut signs);
+            for (t, f) in f.iter_mut().enumerate() {
+                let init = if L::OFFSET {
+                    _mm256_set1_epi32(*rows.offs[t].get_unchecked(b))
+                } else {
+                    _mm256_setzero_si256()
+                };
+                let y = rows.ys[t].add(34 * b + 2);
+                let acc = dots::<L>(&buf, &signs, 0..8, y, &ones, [init; 2]);
+                let dy = _mm256_set1_ps(*rows.dys[t].get_unchecked(b));
+                for h in 0..2 {
+                    let mut p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(d[h], dy));
+                    if L::MIN {
+                        let ms = _mm256_set1_ps(*rows.mins[t].get_unchecked(b));
+                        p = _mm256_add_ps(p, _mm256_mul_ps(m[h], ms));
+                    }
+                    f[h] = _mm256_add_ps(f[h], p);
+                }
+            }
+        }
+    }
+    f
+}
+
+/// A k-quant superblock's per-row terms, rows in lanes (two halves of 8): the f32 `d` (and
+/// `dmin`); each sub-block's scale as an i16 pair `(sc, sc)` per lane (for `vpmaddwd`); Q4_K's
+/// mins as pairs `(m_2s, m_2s+1)` (against the activations' 32-value pair sums); Q6_K's scales
+/// as pairs `(sc_4p, sc_4p+2)` and `(sc_4p+1, sc_4p+3)` (against its 16-value sub-block sums,
+/// for the offset).
+struct Terms {
+    d: [__m256; 2],
+    dmin: [__m256; 2],
+    sc: [[__m256i; 2]; 16],
+    pairs: [[__m256i; 2]; 8],
+}
+
+/// A k-quant type.
+trait Kquant: Layout {
+    /// Sub-blocks per superblock (one integer scale each).
+    const SUBS: usize;
+    /// # Safety
+    /// AVX2 and F16C; `blk` addresses one whole superblock of a group.
+    unsafe fn terms(blk: *const u8) -> Terms;
+}
+
+/// Each 32-bit lane's bytes `b` (`-1`: a zero byte), `vpshufb` within 128-bit lanes.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn pick(x: __m256i, b: [i8; 4]) -> __m256i {
+    let control: [i8; 32] = std::array::from_fn(|i| {
+        if b[i % 4] < 0 {
+            -1
+        } else {
+            ((i % 16) & !3) as i8 + b[i % 4]
+        }
+    });
+    // SAFETY: AVX2 (caller); `control` is 32 readable bytes.
+    unsafe { _mm256_shuffle_epi8(x, _mm256_loadu_si256(control.as_ptr().cast())) }
+}
+
+impl Kquant for Q4K {
+    const SUBS: usize = 8;
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms {
+        // SAFETY: AVX2 and F16C (caller); d at 0..32, dmin at 32..64 and the three scale
+        // planes at 64..256 of the superblock.
+        unsafe {
+            let z = _mm256_setzero_si256();
+            let mut t = Terms {
+                d: f16x16(blk),
+                dmin: f16x16(blk.add(32)),
+                sc: [[z; 2]; 16],
+                pairs: [[z; 2]; 8],
+            };
+            let six = _mm256_set1_epi8(0x3F);
+            let nib = _mm256_set1_epi8(0x0F);
+            let top = _mm256_set1_epi8(0x30);
+            for h in 0..2 {
+                // ggml's `scales[0..4]`, `[4..8]`, `[8..12]` of rows 8h..8h+8, a row a lane,
+                // unpacked as its `get_scale_min_k4`, four sub-blocks a lane.
+                let p0 = _mm256_loadu_si256(blk.add(64 + 32 * h).cast());
+                let p1 = _mm256_loadu_si256(blk.add(128 + 32 * h).cast());
+                let p2 = _mm256_loadu_si256(blk.add(192 + 32 * h).cast());
+                let (top0, top1) = (
+                    _mm256_and_si256(_mm256_srli_epi32::<2>(p0), top),
+                    _mm256_and_si256(_mm256_srli_epi32::<2>(p1), top),
+                );
+                let sc = [
+                    _mm256_and_si256(p0, six),
+                    _mm256_or_si256(_mm256_and_si256(p2, nib), top0),
+                ];
+                let m = [
+                    _mm256_and_si256(p1, six),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(p2), nib), top1),
+                ];
+                for s in 0..8 {
+                    let i = (s % 4) as i8;
+                    t.sc[s][h] = pick(sc[s / 4], [i, -1, i, -1]);
+                }
+                for s in 0..4 {
+                    let i = (2 * (s % 2)) as i8;
+                    t.pairs[s][h] = pick(m[s / 2], [i, -1, i + 1, -1]);
+                }
+            }
+            t
+        }
+    }
+}
+
+impl Kquant for Q5K {
+    const SUBS: usize = 8;
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms {
+        // SAFETY: AVX2 and F16C (caller); `d`, `dmin` and the scale planes lie where Q4_K's
+        // do.
+        unsafe { <Q4K as Kquant>::terms(blk) }
+    }
+}
+
+impl Kquant for Q6K {
+    const SUBS: usize = 16;
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms {
+        // SAFETY: AVX2 and F16C (caller); d at 0..32 and the four scale planes at 32..288 of
+        // the superblock.
+        unsafe {
+            let z = _mm256_setzero_si256();
+            let mut t = Terms {
+                d: f16x16(blk),
+                dmin: [_mm256_setzero_ps(); 2],
+                sc: [[z; 2]; 16],
+                pairs: [[z; 2]; 8],
+            };
+            for p in 0..4 {
+                for h in 0..2 {
+                    // Plane p, rows 8h..8h+8: the int8 scales 4p..4p+4 of a row in its lane.
+                    let x = _mm256_loadu_si256(blk.add(q6k::SCALES + 64 * p + 32 * h).cast());
+                    for i in 0..4 {
+                        // Byte i in the high byte of both i16 halves, then sign-extended.
+                        let b = i as i8;
+                        let hi = pick(x, [-1, b, -1, b]);
+                        t.sc[4 * p + i][h] = _mm256_srai_epi16::<8>(hi);
+                    }
+                    t.pairs[2 * p][h] = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(x));
+                    t.pairs[2 * p + 1][h] = _mm256_srai_epi16::<8>(x);
+                }
+            }
+            t
+        }
+    }
+}
+
+/// The 16 row dots of the k-quant group at `group` (`nb` superblocks) with each of `T`
+/// tokens: per superblock the reference's exact `isum = Σ sc·Σ q·y` (Q6_K: `Σ sc·Σ(q − 32)·y`)
+/// and Q4_K's `summ = Σ m·Σ y`, then its float step `sum + ((d·dy)·isum − (dmin·dy)·summ)`
+/// (Q6_K: `sum + (d·dy)·isum`).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `group` one whole group of `K` with `nb` superblocks; `rows` `T` Q8_K
+/// rows of `nb` superblocks with their sub-block sums (and for Q4_K/Q5_K pair sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kquant_group<K: Kquant, const T: usize>(
+    group: *const u8,
+    nb: usize,
+    rows: &Rows<'_, T>,
+) -> [[__m256; 2]; T] {
+    let mut f = [[_mm256_setzero_ps(); 2]; T];
+    let mut buf = [[_mm256_setzero_si256(); 2]; 64];
+    let per = K::CHUNKS / K::SUBS;
+    for b in 0..nb {
+        // SAFETY: superblock b of the group and of every activation row are inside them
+        // (caller); CPU features are this fn's.
+        unsafe {
+            let blk = group.add(K::GROUP_BLOCK * b);
+            let terms = K::terms(blk);
+            decode_block::<K>(blk, &mut buf, &mut []);
+            for (t, f) in f.iter_mut().enumerate() {
+                let y = rows.ys[t].add(292 * b + 4);
+                let mut isum = [_mm256_setzero_si256(); 2];
+                for s in 0..K::SUBS {
+                    isum = dots::<K>(&buf, &[], s * per..(s + 1) * per, y, &terms.sc[s], isum);
+                }
+                let mut summ = [_mm256_setzero_si256(); 2];
+                if K::SUBS == 8 {
+                    // Σ_s m_s · (bsum_2s + bsum_2s+1), exact: |pair| ≤ 32 · 128 fits i16.
+                    let pairs = rows.min_pairs[t].get_unchecked(b);
+                    for (s, &yp) in pairs.iter().enumerate() {
+                        for (sm, m) in summ.iter_mut().zip(&terms.pairs[s]) {
+                            let p = _mm256_madd_epi16(*m, _mm256_set1_epi32(yp));
+                            *sm = _mm256_add_epi32(*sm, p);
+                        }
+                    }
+                } else {
+                    // The codes' offset 32: `isum −= 32 · Σ sc_s · bsum_s`, exact
+                    // (|Σ| ≤ 16 · 128 · 2048).
+                    let bs = rows.bsums[t].get_unchecked(b);
+                    let pack = |a: i32, b: i32| (a & 0xFFFF) | (b << 16);
+                    let mut off = [_mm256_setzero_si256(); 2];
+                    for p in 0..4 {
+                        let even = _mm256_set1_epi32(pack(bs[4 * p], bs[4 * p + 2]));
+                        let odd = _mm256_set1_epi32(pack(bs[4 * p + 1], bs[4 * p + 3]));
+                        for (h, off) in off.iter_mut().enumerate() {
+                            let e = _mm256_madd_epi16(terms.pairs[2 * p][h], even);
+                            let o = _mm256_madd_epi16(terms.pairs[2 * p + 1][h], odd);
+                            *off = _mm256_add_epi32(*off, _mm256_add_epi32(e, o));
+                        }
+                    }
+                    for h in 0..2 {
+                        isum[h] = _mm256_sub_epi32(isum[h], _mm256_slli_epi32::<5>(off[h]));
+                    }
+                }
+                let dy = _mm256_set1_ps(*rows.dys[t].get_unchecked(b));
+                for h in 0..2 {
+                    let term =
+                        _mm256_mul_ps(_mm256_mul_ps(terms.d[h], dy), _mm256_cvtepi32_ps(isum[h]));
+                    let v = if K::SUBS == 8 {
+                        let m_term = _mm256_mul_ps(
+                            _mm256_mul_ps(terms.dmin[h], dy),
+                            _mm256_cvtepi32_ps(summ[h]),
+                        );
+                        _mm256_sub_ps(term, m_term)
+                    } else {
+                        term
+                    };
+                    f[h] = _mm256_add_ps(f[h], v);
+                }
+            }
+        }
+    }
+    f
+}
+
+/// Every group of `w` with tokens `t0..t0 + T` of `acts`, into `outs`.
+///
+/// # Safety
+/// As [`run`], with `T` = `outs.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn groups<const TY: u8, const T: usize>(
+    w: &[u8],
+    group_bytes: usize,
+    acts: &Activations<'_>,
+    t0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let nb = acts.blocks;
+    let rows = Rows::<T> {
+        ys: std::array::from_fn(|t| acts.rows[(t0 + t) * acts.row_bytes..].as_ptr()),
+        dys: std::array::from_fn(|t| &acts.dy[(t0 + t) * nb..][..nb]),
+        offs: std::array::from_fn(|t| {
+            acts.offset_sum
+                .get((t0 + t) * nb..(t0 + t + 1) * nb)
+                .unwrap_or(&[])
+        }),
+        mins: std::array::from_fn(|t| {
+            acts.min_sum
+                .get((t0 + t) * nb..(t0 + t + 1) * nb)
+                .unwrap_or(&[])
+        }),
+        bsums: std::array::from_fn(|t| {
+            acts.bsums
+                .get((t0 + t) * nb..(t0 + t + 1) * nb)
+                .unwrap_or(&[])
+        }),
+        min_pairs: std::array::from_fn(|t| {
+            acts.min_pairs
+                .get((t0 + t) * nb..(t0 + t + 1) * nb)
+                .unwrap_or(&[])
+        }),
+    };
+    for (g, group) in w.chunks_exact(group_bytes).enumerate() {
+        let p = group.as_ptr();
+        // SAFETY: `group` is one whole group of `nb` blocks of the type `TY` names; `rows`
+        // holds `T` activation rows of `nb` blocks with the terms the type reads (`run`);
+        // CPU features are the caller's.
+        let f = unsafe {
+            match TY {
+                0 => legacy_group::<Q8_0, T>(p, nb, &rows),
+                1 => legacy_group::<Q4_0, T>(p, nb, &rows),
+                2 => legacy_group::<Q5_0, T>(p, nb, &rows),
+                3 => kquant_group::<Q4K, T>(p, nb, &rows),
+                5 => kquant_group::<Q5K, T>(p, nb, &rows),
+                6 => legacy_group::<Q4_1, T>(p, nb, &rows),
+                7 => legacy_group::<Q5_1, T>(p, nb, &rows),
+                _ => kquant_group::<Q6K, T>(p, nb, &rows),
+            }
+        };
+        for (o, f) in outs.iter_mut().zip(&f) {
+            let o = &mut o[g * GROUP_ROWS..][..GROUP_ROWS];
+            for (h, f) in f.iter().enumerate() {
+                // SAFETY: `o` is 16 writable f32; lanes 8h..8h+8 of them.
+                unsafe { _mm256_storeu_ps(o[8 * h..].as_mut_ptr(), *f) };
+            }
+        }
+    }
+}
+
+/// The product of the rows16 groups `w` with activation rows `tokens` of `acts`, into `outs`
+/// (one slice per token).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `w` whole groups of the activations' weight type and width; `tokens`
+/// 1..=[`MAX_TOKENS`] of its rows, whose terms it holds ([`super::fast`] was true when they
+/// were computed); `outs` one slice of at least `rows` values per row of `tokens`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run(
+    w: &[u8],
+    acts: &Activations<'_>,
+    tokens: Range<usize>,
+    outs: &mut [&mut [f32]],
+) {
+    let (ty, nb) = (acts.ty, acts.blocks);
+    let (ty_id, block_bytes, act_block) = match ty {
+        GgmlType::Q8_0 => (0, Q8_0::GROUP_BLOCK, 34),
+        GgmlType::Q4_0 => (1, Q4_0::GROUP_BLOCK, 34),
+        GgmlType::Q5_0 => (2, Q5_0::GROUP_BLOCK, 34),
+        GgmlType::Q4K => (3, Q4K::GROUP_BLOCK, 292),
+        GgmlType::Q6K => (4, Q6K::GROUP_BLOCK, 292),
+        GgmlType::Q5K => (5, Q5K::GROUP_BLOCK, 292),
+        GgmlType::Q4_1 => (6, Q4_1::GROUP_BLOCK, 34),
+        GgmlType::Q5_1 => (7, Q5_1::GROUP_BLOCK, 34),
+        _ => unreachable!("a rows16 type"),
+    };
+    let group_bytes = nb * block_bytes;
+    let groups_n = w.len() / group_bytes.max(1);
+    let terms = match ty_id {
+        1 | 2 => acts.offset_sum.len(),
+        3 | 5 => acts.bsums.len().min(acts.min_pairs.len()),
+        4 => acts.bsums.len(),
+        6 | 7 => acts.min_sum.len(),
+        _ => usize::MAX,
+    };
+    assert!(
+        (1..=MAX_TOKENS).contains(&tokens.len())
+            && outs.len() == tokens.len()
+            && group_bytes > 0
+            && w.len() == groups_n * group_bytes
+            && outs.iter().all(|o| o.len() >= groups_n * GROUP_ROWS)
+            && acts.row_bytes == nb * act_block
+            && acts.rows.len() >= tokens.end * acts.row_bytes
+            && acts.dy.len() >= tokens.end * nb
+            && terms >= tokens.end * nb,
+        "rows16 AVX2 geometry"
+    );
+    macro_rules! dispatch {
+        ($($t:literal)*) => {
+            match (ty_id, tokens.len()) {
+                $(
+                    (0, $t) => groups::<0, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (1, $t) => groups::<1, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (2, $t) => groups::<2, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (3, $t) => groups::<3, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (5, $t) => groups::<5, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (6, $t) => groups::<6, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (7, $t) => groups::<7, $t>(w, group_bytes, acts, tokens.start, outs),
+                    (_, $t) => groups::<4, $t>(w, group_bytes, acts, tokens.start, outs),
+                )*
+                _ => unreachable!("1..=16 activation rows"),
+            }
+        };
+    }
+    // SAFETY: CPU features are the caller's; the geometry is checked above.
+    unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+}
