@@ -13,8 +13,10 @@
 //! quantizers never emit −128). Integer sums are exact in any order; each block's float step
 //! is the reference's, on 8 row lanes per register.
 //!
-//! Tokens: compiled per count 1..=16; per block (superblock) the chunks are decoded once into
-//! a stack buffer and every token runs over them from L1.
+//! Tokens: compiled per count 1..=16; with several, per block (superblock) the chunks are
+//! decoded once into a buffer ([`Buffers`]) and every token runs over them from L1; one token
+//! decodes them on the spot ([`Direct`]: through a 4 KiB buffer, Q4_K decode ran 9 % slower
+//! than the file-layout kernel it replaced).
 //!
 //! Where it comes from: the parent module's AVX-512 kernels (layout, terms, float steps),
 //! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
@@ -24,6 +26,7 @@
 //! token a float step on 16 lanes.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::{Activations, GROUP_ROWS, q4k, q5k, q6k};
@@ -321,6 +324,51 @@ impl Layout for Q6K {
     }
 }
 
+/// Where a token's dots read a block's decoded chunks: (the codes `vpmaddubsw` takes, unsigned;
+/// Q8_0's signed codes, whose signs the activations take).
+trait Source {
+    /// # Safety
+    /// AVX2; `c` is a chunk of the block the source was made for.
+    unsafe fn get(&self, c: usize) -> (Chunk, Chunk);
+}
+
+/// Decoded from the group stream on the spot (one token: nothing to share).
+struct Direct<L>(*const u8, PhantomData<L>);
+
+impl<L: Layout> Source for Direct<L> {
+    #[inline(always)]
+    unsafe fn get(&self, c: usize) -> (Chunk, Chunk) {
+        // SAFETY: `self.0` is a whole block of `L` (the maker's), `c` one of its chunks.
+        unsafe {
+            let w = L::chunk(self.0, c);
+            if L::SIGNED {
+                ([_mm256_sign_epi8(w[0], w[0]), _mm256_sign_epi8(w[1], w[1])], w)
+            } else {
+                (w, w)
+            }
+        }
+    }
+}
+
+/// Loaded from buffers the block was decoded into once for several tokens
+/// ([`decode_block`]).
+struct Decoded<'a> {
+    buf: &'a [Chunk],
+    signs: &'a [Chunk],
+}
+
+impl Source for Decoded<'_> {
+    #[inline(always)]
+    unsafe fn get(&self, c: usize) -> (Chunk, Chunk) {
+        // SAFETY: the buffers hold every chunk of the block (the maker's); `signs` only for
+        // signed codes.
+        unsafe {
+            let w = *self.buf.get_unchecked(c);
+            (w, self.signs.get(c).copied().unwrap_or(w))
+        }
+    }
+}
+
 /// Decode every chunk of the block at `blk` into `buf` (`L::CHUNKS` chunks; Q8_0: the codes'
 /// magnitudes, their signs kept in `signs`).
 ///
@@ -341,18 +389,16 @@ unsafe fn decode_block<L: Layout>(blk: *const u8, buf: &mut [Chunk], signs: &mut
     }
 }
 
-/// Integer dots of the decoded chunks `chunks` with one token's activation codes `y` (its
+/// Integer dots of the chunks `chunks` of `src` with one token's activation codes `y` (its
 /// block, `4 · chunks.end` bytes): per half, the i32 sums of `vpmaddubsw` pair sums over
 /// every run of `L::SUM16` chunks, each run widened by `vpmaddwd` with `scale` (i16 pairs,
 /// equal in a lane: 1, or a k-quant sub-block's scale), added to `init`.
 ///
 /// # Safety
-/// AVX2; `y` has `4 · chunks.end` readable bytes; `buf` (and `signs` for Q8_0) hold the
-/// chunks.
+/// AVX2; `y` has `4 · chunks.end` readable bytes; `src` holds the chunks.
 #[inline(always)]
-unsafe fn dots<L: Layout>(
-    buf: &[Chunk],
-    signs: &[Chunk],
+unsafe fn dots<L: Layout, S: Source>(
+    src: &S,
     chunks: Range<usize>,
     y: *const u8,
     scale: &[__m256i; 2],
@@ -366,13 +412,14 @@ unsafe fn dots<L: Layout>(
             let mut sum = [_mm256_setzero_si256(); 2];
             for i in 0..L::SUM16 {
                 let yc = _mm256_set1_epi32(y.add(4 * (c + i)).cast::<i32>().read_unaligned());
+                let (codes, signs) = src.get(c + i);
                 for h in 0..2 {
                     let ys = if L::SIGNED {
-                        _mm256_sign_epi8(yc, signs[c + i][h])
+                        _mm256_sign_epi8(yc, signs[h])
                     } else {
                         yc
                     };
-                    let p = _mm256_maddubs_epi16(buf[c + i][h], ys);
+                    let p = _mm256_maddubs_epi16(codes[h], ys);
                     sum[h] = if i == 0 {
                         p
                     } else {
@@ -387,6 +434,13 @@ unsafe fn dots<L: Layout>(
         }
         acc
     }
+}
+
+/// A block decoded once for several tokens: its chunks (Q8_0: their magnitudes) and Q8_0's
+/// signed codes.
+struct Buffers {
+    chunks: [Chunk; 64],
+    signs: [Chunk; 8],
 }
 
 /// Per-token views of one product: each token's activation row and its per-block scales and
@@ -413,10 +467,9 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
     group: *const u8,
     nb: usize,
     rows: &Rows<'_, T>,
+    buf: &mut Buffers,
 ) -> [[__m256; 2]; T] {
     let mut f = [[_mm256_setzero_ps(); 2]; T];
-    let mut buf = [[_mm256_setzero_si256(); 2]; 8];
-    let mut signs = [[_mm256_setzero_si256(); 2]; 8];
     let ones = [_mm256_set1_epi16(1); 2];
     for b in 0..nb {
         // SAFETY: block b of the group and of every activation row are inside them (caller);
@@ -429,7 +482,9 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
             } else {
                 [_mm256_setzero_ps(); 2]
             };
-            decode_block::<L>(blk, &mut buf, &mut signs);
+            if T > 1 {
+                decode_block::<L>(blk, &mut buf.chunks, &mut buf.signs);
+            }
             for (t, f) in f.iter_mut().enumerate() {
                 let init = if L::OFFSET {
                     _mm256_set1_epi32(*rows.offs[t].get_unchecked(b))
@@ -437,7 +492,15 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
                     _mm256_setzero_si256()
                 };
                 let y = rows.ys[t].add(34 * b + 2);
-                let acc = dots::<L>(&buf, &signs, 0..8, y, &ones, [init; 2]);
+                let acc = if T == 1 {
+                    dots::<L, _>(&Direct::<L>(blk, PhantomData), 0..8, y, &ones, [init; 2])
+                } else {
+                    let src = Decoded {
+                        buf: &buf.chunks,
+                        signs: if L::SIGNED { &buf.signs } else { &[] },
+                    };
+                    dots::<L, _>(&src, 0..8, y, &ones, [init; 2])
+                };
                 let dy = _mm256_set1_ps(*rows.dys[t].get_unchecked(b));
                 for h in 0..2 {
                     let mut p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(d[h], dy));
@@ -597,9 +660,9 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
     group: *const u8,
     nb: usize,
     rows: &Rows<'_, T>,
+    buf: &mut Buffers,
 ) -> [[__m256; 2]; T] {
     let mut f = [[_mm256_setzero_ps(); 2]; T];
-    let mut buf = [[_mm256_setzero_si256(); 2]; 64];
     let per = K::CHUNKS / K::SUBS;
     for b in 0..nb {
         // SAFETY: superblock b of the group and of every activation row are inside them
@@ -607,12 +670,24 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
         unsafe {
             let blk = group.add(K::GROUP_BLOCK * b);
             let terms = K::terms(blk);
-            decode_block::<K>(blk, &mut buf, &mut []);
+            if T > 1 {
+                decode_block::<K>(blk, &mut buf.chunks, &mut []);
+            }
             for (t, f) in f.iter_mut().enumerate() {
                 let y = rows.ys[t].add(292 * b + 4);
                 let mut isum = [_mm256_setzero_si256(); 2];
                 for s in 0..K::SUBS {
-                    isum = dots::<K>(&buf, &[], s * per..(s + 1) * per, y, &terms.sc[s], isum);
+                    let at = s * per..(s + 1) * per;
+                    isum = if T == 1 {
+                        let src = Direct::<K>(blk, PhantomData);
+                        dots::<K, _>(&src, at, y, &terms.sc[s], isum)
+                    } else {
+                        let src = Decoded {
+                            buf: &buf.chunks,
+                            signs: &[],
+                        };
+                        dots::<K, _>(&src, at, y, &terms.sc[s], isum)
+                    };
                 }
                 let mut summ = [_mm256_setzero_si256(); 2];
                 if K::SUBS == 8 {
@@ -701,21 +776,26 @@ unsafe fn groups<const TY: u8, const T: usize>(
                 .unwrap_or(&[])
         }),
     };
+    let mut buf = Buffers {
+        chunks: [[_mm256_setzero_si256(); 2]; 64],
+        signs: [[_mm256_setzero_si256(); 2]; 8],
+    };
     for (g, group) in w.chunks_exact(group_bytes).enumerate() {
         let p = group.as_ptr();
+        let buf = &mut buf;
         // SAFETY: `group` is one whole group of `nb` blocks of the type `TY` names; `rows`
         // holds `T` activation rows of `nb` blocks with the terms the type reads (`run`);
         // CPU features are the caller's.
         let f = unsafe {
             match TY {
-                0 => legacy_group::<Q8_0, T>(p, nb, &rows),
-                1 => legacy_group::<Q4_0, T>(p, nb, &rows),
-                2 => legacy_group::<Q5_0, T>(p, nb, &rows),
-                3 => kquant_group::<Q4K, T>(p, nb, &rows),
-                5 => kquant_group::<Q5K, T>(p, nb, &rows),
-                6 => legacy_group::<Q4_1, T>(p, nb, &rows),
-                7 => legacy_group::<Q5_1, T>(p, nb, &rows),
-                _ => kquant_group::<Q6K, T>(p, nb, &rows),
+                0 => legacy_group::<Q8_0, T>(p, nb, &rows, buf),
+                1 => legacy_group::<Q4_0, T>(p, nb, &rows, buf),
+                2 => legacy_group::<Q5_0, T>(p, nb, &rows, buf),
+                3 => kquant_group::<Q4K, T>(p, nb, &rows, buf),
+                5 => kquant_group::<Q5K, T>(p, nb, &rows, buf),
+                6 => legacy_group::<Q4_1, T>(p, nb, &rows, buf),
+                7 => legacy_group::<Q5_1, T>(p, nb, &rows, buf),
+                _ => kquant_group::<Q6K, T>(p, nb, &rows, buf),
             }
         };
         for (o, f) in outs.iter_mut().zip(&f) {
