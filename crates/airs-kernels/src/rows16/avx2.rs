@@ -342,7 +342,10 @@ impl<L: Layout> Source for Direct<L> {
         unsafe {
             let w = L::chunk(self.0, c);
             if L::SIGNED {
-                ([_mm256_sign_epi8(w[0], w[0]), _mm256_sign_epi8(w[1], w[1])], w)
+                (
+                    [_mm256_sign_epi8(w[0], w[0]), _mm256_sign_epi8(w[1], w[1])],
+                    w,
+                )
             } else {
                 (w, w)
             }
