@@ -474,18 +474,21 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             "steps",
             "identical"
         );
+        // A ratio to one session, or `-` where no one-session run was asked for.
+        let ratio = |v: &serde_json::Value| match v.as_f64() {
+            Some(x) if x.is_finite() => format!("{x:.2}x"),
+            _ => "-".to_string(),
+        };
         for r in report["runs"].as_array().expect("rows") {
             println!(
-                "{:>8} {:>14.1} {:>8.2}x {:>10.1} {:>8.2}x {:>13.1} {:>8.1}ms {:>8.1}ms {:>6} {:>10}",
+                "{:>8} {:>14.1} {:>9} {:>10.1} {:>9} {:>13.1} {:>8.1}ms {:>8.1}ms {:>6} {:>10}",
                 r["sessions"],
                 r["aggregate_decode_tokens_per_s"]
                     .as_f64()
                     .unwrap_or(f64::NAN),
-                r["speedup_vs_one_session"].as_f64().unwrap_or(f64::NAN),
+                ratio(&r["speedup_vs_one_session"]),
                 r["aggregate_span_tokens_per_s"].as_f64().unwrap_or(0.0),
-                r["span_speedup_vs_one_session"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
+                ratio(&r["span_speedup_vs_one_session"]),
                 r["per_session_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
                 r["ttft_ms_p50"].as_f64().unwrap_or(0.0),
                 r["ttft_ms_p99"].as_f64().unwrap_or(0.0),
