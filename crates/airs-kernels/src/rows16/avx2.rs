@@ -94,6 +94,19 @@ unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
     }
 }
 
+/// Software prefetch, into L2 (`prefetcht1`), of the `bytes` at `p` 8 KiB ahead: the AVX-512
+/// kernels' policy (`x86::prefetch_ahead`), several tokens always, one token only for the
+/// nibble types Q4_0/Q5_0/Q4_1/Q5_1, which spend longest per byte.
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, bytes: usize) {
+    const AHEAD: usize = 8192;
+    for l in 0..bytes.div_ceil(64) {
+        // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
+        // (`wrapping_add` keeps the arithmetic defined); SSE is baseline on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + 64 * l).cast()) };
+    }
+}
+
 /// A rows16 type as these kernels decode it.
 trait Layout {
     /// Bytes of one block (legacy) or superblock (k-quants) of a group.
@@ -392,6 +405,19 @@ unsafe fn decode_block<L: Layout>(blk: *const u8, buf: &mut [Chunk], signs: &mut
     }
 }
 
+/// Eighth `i` of [`decode_block`] for a k-quant (chunks `8i..8i + 8`).
+///
+/// # Safety
+/// As [`Layout::chunk`]; `buf` has room for `L::CHUNKS` chunks.
+#[inline(always)]
+unsafe fn decode_block_part<L: Layout>(blk: *const u8, buf: &mut [Chunk], i: usize) {
+    let per = L::CHUNKS / 8;
+    for (c, w) in buf.iter_mut().enumerate().skip(per * i).take(per) {
+        // SAFETY: `c` is a chunk of the block (caller).
+        *w = unsafe { L::chunk(blk, c) };
+    }
+}
+
 /// Integer dots of the chunks `chunks` of `src` with one token's activation codes `y` (its
 /// block, `4 · chunks.end` bytes): per half, the i32 sums of `vpmaddubsw` pair sums over
 /// every run of `L::SUM16` chunks, each run widened by `vpmaddwd` with `scale` (i16 pairs,
@@ -479,6 +505,9 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
         // CPU features are this fn's.
         unsafe {
             let blk = group.add(L::GROUP_BLOCK * b);
+            if T > 1 || !L::SIGNED {
+                prefetch_ahead(blk, L::GROUP_BLOCK);
+            }
             let d = f16x16(blk);
             let m = if L::MIN {
                 f16x16(blk.add(32))
@@ -674,7 +703,13 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
             let blk = group.add(K::GROUP_BLOCK * b);
             let terms = K::terms(blk);
             if T > 1 {
-                decode_block::<K>(blk, &mut buf.chunks, &mut []);
+                // A superblock is 36-53 lines: prefetched in eighths, one per eighth decoded
+                // (as the AVX-512 kernels found better than all at once).
+                let part = K::GROUP_BLOCK / 8;
+                for i in 0..8 {
+                    prefetch_ahead(blk.add(part * i), part);
+                    decode_block_part::<K>(blk, &mut buf.chunks, i);
+                }
             }
             for (t, f) in f.iter_mut().enumerate() {
                 let y = rows.ys[t].add(292 * b + 4);
