@@ -59,17 +59,43 @@ pub fn probe_read_bandwidth(
     // SAFETY: every byte of 0..total was initialized by the job above (the parts cover it).
     unsafe { buffer.set_len(total) };
     let sink = AtomicU64::new(0);
+    let rates = timed_passes(pool, passes, total as f64, &|t| {
+        let part = &buffer[t * part_bytes..(t + 1) * part_bytes];
+        sink.fetch_xor(airs_kernels::xor_fold(isa, part), Ordering::Relaxed);
+    });
+    black_box(sink.load(Ordering::Relaxed));
+    ReadBandwidth {
+        median_bytes_per_s: rates.median,
+        best_bytes_per_s: rates.best,
+        buffer_bytes: total,
+        passes: rates.passes,
+        threads,
+    }
+}
+
+/// The rates of [`timed_passes`]: per second, over passes.
+pub(crate) struct PassRates {
+    pub(crate) median: f64,
+    pub(crate) best: f64,
+    pub(crate) passes: usize,
+}
+
+/// `passes` (at least one) timed pool jobs of `work(thread)`, each doing `work_per_pass` units
+/// of work in all: the median and best rate in units per second. The probes of this crate
+/// (read bandwidth, the int8 dot peak) share it.
+pub(crate) fn timed_passes(
+    pool: &ThreadPool,
+    passes: usize,
+    work_per_pass: f64,
+    work: &(dyn Fn(usize) + Sync),
+) -> PassRates {
     let mut rates: Vec<f64> = (0..passes.max(1))
         .map(|_| {
             let started = Instant::now();
-            pool.run(&|t| {
-                let part = &buffer[t * part_bytes..(t + 1) * part_bytes];
-                sink.fetch_xor(airs_kernels::xor_fold(isa, part), Ordering::Relaxed);
-            });
-            total as f64 / started.elapsed().as_secs_f64().max(1e-9)
+            pool.run(work);
+            work_per_pass / started.elapsed().as_secs_f64().max(1e-9)
         })
         .collect();
-    black_box(sink.load(Ordering::Relaxed));
     rates.sort_by(f64::total_cmp);
     let n = rates.len();
     let median = if n % 2 == 1 {
@@ -77,12 +103,10 @@ pub fn probe_read_bandwidth(
     } else {
         (rates[n / 2 - 1] + rates[n / 2]) / 2.0
     };
-    ReadBandwidth {
-        median_bytes_per_s: median,
-        best_bytes_per_s: rates[n - 1],
-        buffer_bytes: total,
+    PassRates {
+        median,
+        best: rates[n - 1],
         passes: n,
-        threads,
     }
 }
 

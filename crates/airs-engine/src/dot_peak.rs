@@ -17,6 +17,7 @@ use std::time::Instant;
 use airs_kernels::Isa;
 use airs_kernels::peak::{MACS_PER_ROUND, int8_dot_rounds};
 
+use crate::bandwidth::timed_passes;
 use crate::pool::ThreadPool;
 
 /// What one probe measured.
@@ -41,28 +42,15 @@ pub fn probe_int8_dot_peak(pool: &ThreadPool, isa: Isa, pass_ms: u64, passes: us
     sink.fetch_xor(int8_dot_rounds(isa, calibration_rounds), Ordering::Relaxed);
     let per_ms = calibration_rounds as f64 / (started.elapsed().as_secs_f64() * 1e3).max(1e-6);
     let rounds = ((per_ms * pass_ms as f64) as u64).max(1);
-    let mut rates: Vec<f64> = (0..passes.max(1))
-        .map(|_| {
-            let started = Instant::now();
-            pool.run(&|_| {
-                sink.fetch_xor(int8_dot_rounds(isa, rounds), Ordering::Relaxed);
-            });
-            let macs = (rounds * MACS_PER_ROUND) as f64 * threads as f64;
-            macs / started.elapsed().as_secs_f64().max(1e-9)
-        })
-        .collect();
+    let macs = (rounds * MACS_PER_ROUND) as f64 * threads as f64;
+    let rates = timed_passes(pool, passes, macs, &|_| {
+        sink.fetch_xor(int8_dot_rounds(isa, rounds), Ordering::Relaxed);
+    });
     black_box(sink.load(Ordering::Relaxed));
-    rates.sort_by(f64::total_cmp);
-    let n = rates.len();
-    let median = if n % 2 == 1 {
-        rates[n / 2]
-    } else {
-        (rates[n / 2 - 1] + rates[n / 2]) / 2.0
-    };
     DotPeak {
-        median_macs_per_s: median,
-        best_macs_per_s: rates[n - 1],
-        passes: n,
+        median_macs_per_s: rates.median,
+        best_macs_per_s: rates.best,
+        passes: rates.passes,
         threads,
     }
 }
