@@ -416,6 +416,39 @@ impl<'a> Activations<'a> {
     pub fn tokens(&self) -> usize {
         self.rows.len() / self.row_bytes.max(1)
     }
+
+    /// Per-token views of rows `t0..t0 + T`, as the AVX2 and NEON kernels read them.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn token_rows<const T: usize>(&self, t0: usize) -> TokenRows<'_, T> {
+        let nb = self.blocks;
+        // Token t's `nb` terms of `v`, or none where the type has no such terms.
+        fn of<X>(v: &[X], t: usize, nb: usize) -> &[X] {
+            v.get(t * nb..(t + 1) * nb).unwrap_or(&[])
+        }
+        TokenRows {
+            ys: std::array::from_fn(|t| self.rows[(t0 + t) * self.row_bytes..].as_ptr()),
+            dys: std::array::from_fn(|t| &self.dy[(t0 + t) * nb..][..nb]),
+            offs: std::array::from_fn(|t| of(&self.offset_sum, t0 + t, nb)),
+            mins: std::array::from_fn(|t| of(&self.min_sum, t0 + t, nb)),
+            bsums: std::array::from_fn(|t| of(&self.bsums, t0 + t, nb)),
+            min_pairs: std::array::from_fn(|t| of(&self.min_pairs, t0 + t, nb)),
+        }
+    }
+}
+
+/// Per-token views of one product ([`Activations::token_rows`]): each token's activation row
+/// and its per-block scales and integer terms (offset sums, mins, k-quant sub-block sums and
+/// their pairs; empty where the type has none).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+struct TokenRows<'a, const T: usize> {
+    ys: [*const u8; T],
+    dys: [&'a [f32]; T],
+    offs: [&'a [i32]; T],
+    mins: [&'a [f32]; T],
+    bsums: [&'a [[i32; 16]]; T],
+    /// Read by the AVX2 kernels (NEON pairs the sub-block sums itself).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    min_pairs: [&'a [[i32; 4]]; T],
 }
 
 /// `out[t · out_stride + r] = row r · activation row t` for every row of the packed groups

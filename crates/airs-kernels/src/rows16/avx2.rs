@@ -15,8 +15,8 @@
 //!
 //! Tokens: compiled per count 1..=16; with several, per block (superblock) the chunks are
 //! decoded once into a buffer ([`Buffers`]) and every token runs over them from L1; one token
-//! decodes them on the spot ([`Direct`]: through a 4 KiB buffer, Q4_K decode ran 9 % slower
-//! than the file-layout kernel it replaced).
+//! decodes them on the spot ([`Direct`]: through a 4 KiB buffer, TinyLlama Q4_K_M decode ran
+//! 9 % slower than on the file-layout kernels it replaced; BENCHMARKS.md).
 //!
 //! Where it comes from: the parent module's AVX-512 kernels (layout, terms, float steps),
 //! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::{Activations, GROUP_ROWS, q4k, q5k, q6k};
+use super::{Activations, GROUP_ROWS, TokenRows, q4k, q5k, q6k};
 use crate::GgmlType;
 
 /// Activation rows one call takes (the caller splits more).
@@ -466,21 +466,11 @@ unsafe fn dots<L: Layout, S: Source>(
 }
 
 /// A block decoded once for several tokens: its chunks (Q8_0: their magnitudes) and Q8_0's
-/// signed codes. Empty for one token (zeroing them per call cost one token 4 % in `memset`).
+/// signed codes. Empty for one token (zeroing them per call was 4 % of a one-token decode's
+/// profile, in `memset`).
 struct Buffers {
     chunks: Vec<Chunk>,
     signs: Vec<Chunk>,
-}
-
-/// Per-token views of one product: each token's activation row and its per-block scales and
-/// integer terms (offset sums, mins, k-quant sub-block sums; empty where the type has none).
-struct Rows<'a, const T: usize> {
-    ys: [*const u8; T],
-    dys: [&'a [f32]; T],
-    offs: [&'a [i32]; T],
-    mins: [&'a [f32]; T],
-    bsums: [&'a [[i32; 16]]; T],
-    min_pairs: [&'a [[i32; 4]]; T],
 }
 
 /// The 16 row dots of the legacy group at `group` (`nb` blocks) with each of `T` tokens: per
@@ -495,7 +485,7 @@ struct Rows<'a, const T: usize> {
 unsafe fn legacy_group<L: Legacy, const T: usize>(
     group: *const u8,
     nb: usize,
-    rows: &Rows<'_, T>,
+    rows: &TokenRows<'_, T>,
     buf: &mut Buffers,
 ) -> [[__m256; 2]; T] {
     let mut f = [[_mm256_setzero_ps(); 2]; T];
@@ -691,7 +681,7 @@ impl Kquant for Q6K {
 unsafe fn kquant_group<K: Kquant, const T: usize>(
     group: *const u8,
     nb: usize,
-    rows: &Rows<'_, T>,
+    rows: &TokenRows<'_, T>,
     buf: &mut Buffers,
 ) -> [[__m256; 2]; T] {
     let mut f = [[_mm256_setzero_ps(); 2]; T];
@@ -790,30 +780,7 @@ unsafe fn groups<const TY: u8, const T: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let nb = acts.blocks;
-    let rows = Rows::<T> {
-        ys: std::array::from_fn(|t| acts.rows[(t0 + t) * acts.row_bytes..].as_ptr()),
-        dys: std::array::from_fn(|t| &acts.dy[(t0 + t) * nb..][..nb]),
-        offs: std::array::from_fn(|t| {
-            acts.offset_sum
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-        mins: std::array::from_fn(|t| {
-            acts.min_sum
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-        bsums: std::array::from_fn(|t| {
-            acts.bsums
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-        min_pairs: std::array::from_fn(|t| {
-            acts.min_pairs
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-    };
+    let rows = acts.token_rows::<T>(t0);
     let zero = [_mm256_setzero_si256(); 2];
     let mut buf = Buffers {
         chunks: if T > 1 { vec![zero; 64] } else { Vec::new() },

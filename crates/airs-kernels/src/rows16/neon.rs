@@ -24,7 +24,7 @@ use std::arch::aarch64::*;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::{Activations, GROUP_ROWS, q4k, q5k, q6k};
+use super::{Activations, GROUP_ROWS, TokenRows, q4k, q5k, q6k};
 use crate::GgmlType;
 use crate::tiled::neon::sdot_lane;
 
@@ -743,16 +743,6 @@ unsafe fn legacy_pass<L: Legacy, S: Chunks, const P: usize>(
     }
 }
 
-/// Per-token views of one product: each token's activation row and its per-block scales and
-/// integer terms (offset sums, or k-quant sub-block sums; empty where the type has none).
-struct Rows<'a, const T: usize> {
-    ys: [*const u8; T],
-    dys: [&'a [f32]; T],
-    offs: [&'a [i32]; T],
-    mins: [&'a [f32]; T],
-    bsums: [&'a [[i32; 16]]; T],
-}
-
 /// The 16 row dots of the legacy group at `group` (`nb` blocks) with each of `T` tokens.
 ///
 /// # Safety
@@ -763,7 +753,7 @@ struct Rows<'a, const T: usize> {
 unsafe fn legacy_group<L: Legacy, const T: usize>(
     group: *const u8,
     nb: usize,
-    rows: &Rows<'_, T>,
+    rows: &TokenRows<'_, T>,
     buf: *mut int8x16_t,
 ) -> [[float32x4_t; 4]; T] {
     let mut f = [[vdupq_n_f32(0.0); 4]; T];
@@ -894,7 +884,7 @@ unsafe fn kquant_pass<K: Kquant, S: Chunks, const P: usize>(
 unsafe fn kquant_group<K: Kquant, const T: usize>(
     group: *const u8,
     nb: usize,
-    rows: &Rows<'_, T>,
+    rows: &TokenRows<'_, T>,
     buf: *mut int8x16_t,
 ) -> [[float32x4_t; 4]; T] {
     let mut f = [[vdupq_n_f32(0.0); 4]; T];
@@ -956,25 +946,7 @@ unsafe fn groups<const TY: u8, const T: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let nb = acts.blocks;
-    let rows = Rows::<T> {
-        ys: std::array::from_fn(|t| acts.rows[(t0 + t) * acts.row_bytes..].as_ptr()),
-        dys: std::array::from_fn(|t| &acts.dy[(t0 + t) * nb..][..nb]),
-        offs: std::array::from_fn(|t| {
-            acts.offset_sum
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-        mins: std::array::from_fn(|t| {
-            acts.min_sum
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-        bsums: std::array::from_fn(|t| {
-            acts.bsums
-                .get((t0 + t) * nb..(t0 + t + 1) * nb)
-                .unwrap_or(&[])
-        }),
-    };
+    let rows = acts.token_rows::<T>(t0);
     let mut buf = [vdupq_n_s8(0); 256];
     let buf = buf.as_mut_ptr();
     for (g, group) in w.chunks_exact(group_bytes).enumerate() {
