@@ -14,9 +14,13 @@
 //! is the reference's, on 8 row lanes per register.
 //!
 //! Tokens: compiled per count 1..=16; with several, per block (superblock) the chunks are
-//! decoded once into a buffer ([`Buffers`]) and every token runs over them from L1; one token
-//! decodes them on the spot ([`Direct`]: through a 4 KiB buffer, TinyLlama Q4_K_M decode ran
-//! 9 % slower than on the file-layout kernels it replaced; BENCHMARKS.md).
+//! decoded once into a buffer ([`Buffers`]) and every token runs over them from L1, two tokens
+//! per pass over a legacy block's chunks (except Q8_0, whose four registers a chunk then
+//! spilled); one token decodes them on the spot ([`Direct`]: through a 4 KiB buffer, TinyLlama
+//! Q4_K_M decode ran 9 % slower than on the file-layout kernels it replaced; BENCHMARKS.md).
+//! One token of Q4_K and Q6_K reads its superblock in address order with software prefetch
+//! ([`Kquant::one`]): from DRAM with 2 threads (`decode_dram`) Q4_K went from 28 to 34 GB/s
+//! and Q6_K from 25 to 36-42, against 37-44 for a plain read of the same bytes.
 //!
 //! Where it comes from: the parent module's AVX-512 kernels (layout, terms, float steps),
 //! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
@@ -51,6 +55,13 @@ unsafe fn f16x16(p: *const u8) -> [__m256; 2] {
             _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
         ]
     }
+}
+
+/// A zero register.
+#[inline(always)]
+fn zero_i() -> __m256i {
+    // SAFETY: AVX is baseline wherever these kernels run (`run`'s contract: AVX2).
+    unsafe { _mm256_setzero_si256() }
 }
 
 /// The two halves of the 64-byte register at `p`.
@@ -95,8 +106,8 @@ unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
 }
 
 /// Software prefetch, into L2 (`prefetcht1`), of the `bytes` at `p` 8 KiB ahead: the AVX-512
-/// kernels' policy (`x86::prefetch_ahead`), several tokens always, one token only for the
-/// nibble types Q4_0/Q5_0/Q4_1/Q5_1, which spend longest per byte.
+/// kernels' policy (`x86::prefetch_ahead`), several tokens always, one token for the nibble
+/// types Q4_0/Q5_0/Q4_1/Q5_1 and (unlike AVX-512, where it did not pay) for Q4_K and Q6_K.
 #[inline(always)]
 fn prefetch_ahead(p: *const u8, bytes: usize) {
     const AHEAD: usize = 8192;
@@ -105,6 +116,17 @@ fn prefetch_ahead(p: *const u8, bytes: usize) {
         // (`wrapping_add` keeps the arithmetic defined); SSE is baseline on x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + 64 * l).cast()) };
     }
+}
+
+/// `$body` once per literal, with the constant `$s` bound to it (loops whose index must be a
+/// compile-time constant in the body).
+macro_rules! unroll {
+    ($s:ident in [$($n:literal)*] $body:block) => {
+        $({
+            const $s: usize = $n;
+            $body
+        })*
+    };
 }
 
 /// A rows16 type as these kernels decode it.
@@ -465,12 +487,88 @@ unsafe fn dots<L: Layout, S: Source>(
     }
 }
 
+/// [`dots`] for two tokens at once (`y`, `init`: theirs): each chunk is read once for both.
+///
+/// # Safety
+/// As [`dots`], for both tokens' `y`.
+#[inline(always)]
+unsafe fn dots_pair<L: Layout, S: Source>(
+    src: &S,
+    chunks: Range<usize>,
+    y: [*const u8; 2],
+    scale: &[__m256i; 2],
+    init: [[__m256i; 2]; 2],
+) -> [[__m256i; 2]; 2] {
+    // SAFETY: AVX2 (caller); the codes of chunk c are bytes 4c..4c+4 of each `y`.
+    unsafe {
+        let mut acc = init;
+        let mut c = chunks.start;
+        while c < chunks.end {
+            let mut sum = [[_mm256_setzero_si256(); 2]; 2];
+            for i in 0..L::SUM16 {
+                let (codes, signs) = src.get(c + i);
+                for (u, sum) in sum.iter_mut().enumerate() {
+                    let yc =
+                        _mm256_set1_epi32(y[u].add(4 * (c + i)).cast::<i32>().read_unaligned());
+                    for h in 0..2 {
+                        let ys = if L::SIGNED {
+                            _mm256_sign_epi8(yc, signs[h])
+                        } else {
+                            yc
+                        };
+                        let p = _mm256_maddubs_epi16(codes[h], ys);
+                        sum[h] = if i == 0 {
+                            p
+                        } else {
+                            _mm256_add_epi16(sum[h], p)
+                        };
+                    }
+                }
+            }
+            for (acc, sum) in acc.iter_mut().zip(&sum) {
+                for h in 0..2 {
+                    acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(sum[h], scale[h]));
+                }
+            }
+            c += L::SUM16;
+        }
+        acc
+    }
+}
+
 /// A block decoded once for several tokens: its chunks (Q8_0: their magnitudes) and Q8_0's
 /// signed codes. Empty for one token (zeroing them per call was 4 % of a one-token decode's
 /// profile, in `memset`).
 struct Buffers {
     chunks: Vec<Chunk>,
     signs: Vec<Chunk>,
+}
+
+/// A legacy block's float step for one token, as the reference: `f += sumi · (d·dy)` (with a
+/// min, `+ m·ms`, `ms` the token's `dy·Σy`).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn legacy_step<L: Legacy>(
+    f: &mut [__m256; 2],
+    acc: [__m256i; 2],
+    d: &[__m256; 2],
+    m: &[__m256; 2],
+    dy: f32,
+    ms: f32,
+) {
+    // SAFETY: AVX2 (caller).
+    unsafe {
+        let dy = _mm256_set1_ps(dy);
+        for h in 0..2 {
+            let mut p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(d[h], dy));
+            if L::MIN {
+                p = _mm256_add_ps(p, _mm256_mul_ps(m[h], _mm256_set1_ps(ms)));
+            }
+            f[h] = _mm256_add_ps(f[h], p);
+        }
+    }
 }
 
 /// The 16 row dots of the legacy group at `group` (`nb` blocks) with each of `T` tokens: per
@@ -507,30 +605,58 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
             if T > 1 {
                 decode_block::<L>(blk, &mut buf.chunks, &mut buf.signs);
             }
-            for (t, f) in f.iter_mut().enumerate() {
-                let init = if L::OFFSET {
-                    _mm256_set1_epi32(*rows.offs[t].get_unchecked(b))
+            // (A closure here may not call intrinsics: it would not inherit the CPU features.)
+            let offset = |t: usize| {
+                if L::OFFSET {
+                    *rows.offs[t].get_unchecked(b)
                 } else {
-                    _mm256_setzero_si256()
-                };
-                let y = rows.ys[t].add(34 * b + 2);
-                let acc = if T == 1 {
-                    dots::<L, _>(&Direct::<L>(blk, PhantomData), 0..8, y, &ones, [init; 2])
+                    0
+                }
+            };
+            let y = |t: usize| rows.ys[t].add(34 * b + 2);
+            let dy = |t: usize| *rows.dys[t].get_unchecked(b);
+            let ms = |t: usize| {
+                if L::MIN {
+                    *rows.mins[t].get_unchecked(b)
                 } else {
-                    let src = Decoded {
-                        buf: &buf.chunks,
-                        signs: if L::SIGNED { &buf.signs } else { &[] },
-                    };
-                    dots::<L, _>(&src, 0..8, y, &ones, [init; 2])
+                    0.0
+                }
+            };
+            // The integer dots, then the block's float step per token: one token reads its
+            // chunks on the spot; several read the decoded block two tokens at a time (each
+            // chunk's loads serve both; Q4_0 from cache 865 → 757 µs a 16-token product in
+            // `decode_dram`), but Q8_0, whose magnitudes and signs then spilled, one at a time.
+            if T == 1 {
+                let src = Direct::<L>(blk, PhantomData);
+                let acc = dots::<L, _>(&src, 0..8, y(0), &ones, [_mm256_set1_epi32(offset(0)); 2]);
+                legacy_step::<L>(&mut f[0], acc, &d, &m, dy(0), ms(0));
+            } else {
+                let src = Decoded {
+                    buf: &buf.chunks,
+                    signs: if L::SIGNED { &buf.signs } else { &[] },
                 };
-                let dy = _mm256_set1_ps(*rows.dys[t].get_unchecked(b));
-                for h in 0..2 {
-                    let mut p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(d[h], dy));
-                    if L::MIN {
-                        let ms = _mm256_set1_ps(*rows.mins[t].get_unchecked(b));
-                        p = _mm256_add_ps(p, _mm256_mul_ps(m[h], ms));
+                let mut t = 0;
+                while !L::SIGNED && t + 1 < T {
+                    let pair = dots_pair::<L, _>(
+                        &src,
+                        0..8,
+                        [y(t), y(t + 1)],
+                        &ones,
+                        [
+                            [_mm256_set1_epi32(offset(t)); 2],
+                            [_mm256_set1_epi32(offset(t + 1)); 2],
+                        ],
+                    );
+                    for (u, acc) in pair.into_iter().enumerate() {
+                        legacy_step::<L>(&mut f[t + u], acc, &d, &m, dy(t + u), ms(t + u));
                     }
-                    f[h] = _mm256_add_ps(f[h], p);
+                    t += 2;
+                }
+                while t < T {
+                    let init = [_mm256_set1_epi32(offset(t)); 2];
+                    let acc = dots::<L, _>(&src, 0..8, y(t), &ones, init);
+                    legacy_step::<L>(&mut f[t], acc, &d, &m, dy(t), ms(t));
+                    t += 1;
                 }
             }
         }
@@ -543,20 +669,73 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
 /// mins as pairs `(m_2s, m_2s+1)` (against the activations' 32-value pair sums); Q6_K's scales
 /// as pairs `(sc_4p, sc_4p+2)` and `(sc_4p+1, sc_4p+3)` (against its 16-value sub-block sums,
 /// for the offset).
-struct Terms {
+struct Terms<const SUBS: usize, const PAIRS: usize> {
     d: [__m256; 2],
     dmin: [__m256; 2],
-    sc: [[__m256i; 2]; 16],
-    pairs: [[__m256i; 2]; 8],
+    sc: [[__m256i; 2]; SUBS],
+    pairs: [[__m256i; 2]; PAIRS],
+}
+
+/// Q4_K's and Q5_K's terms (8 sub-blocks, 4 min pairs), Q6_K's (16 sub-blocks, 8 scale
+/// pairs): sized exactly, so that every field is written once (with unused entries, zeroing
+/// the whole before filling it was 7 % of a one-token product, in `memset`).
+type Terms4 = Terms<8, 4>;
+type Terms6 = Terms<16, 8>;
+
+/// Read access to a [`Terms`] whatever its sizes.
+trait KquantTerms {
+    fn d(&self) -> &[__m256; 2];
+    fn dmin(&self) -> &[__m256; 2];
+    fn sc(&self) -> &[[__m256i; 2]];
+    fn pairs(&self) -> &[[__m256i; 2]];
+}
+
+impl<const SUBS: usize, const PAIRS: usize> KquantTerms for Terms<SUBS, PAIRS> {
+    #[inline(always)]
+    fn d(&self) -> &[__m256; 2] {
+        &self.d
+    }
+    #[inline(always)]
+    fn dmin(&self) -> &[__m256; 2] {
+        &self.dmin
+    }
+    #[inline(always)]
+    fn sc(&self) -> &[[__m256i; 2]] {
+        &self.sc
+    }
+    #[inline(always)]
+    fn pairs(&self) -> &[[__m256i; 2]] {
+        &self.pairs
+    }
 }
 
 /// A k-quant type.
-trait Kquant: Layout {
+trait Kquant: Layout + Sized {
     /// Sub-blocks per superblock (one integer scale each).
     const SUBS: usize;
+    /// The type's [`Terms`].
+    type Terms: KquantTerms;
+    /// One token's integer dots of the superblock at `blk` with its activation codes `y`:
+    /// per half, `isum = Σ_s sc_s · Σ q·y` (Q6_K's codes unsigned, its offset apart). By
+    /// default sub-block after sub-block, chunks decoded on the spot.
+    ///
+    /// # Safety
+    /// AVX2; `blk` one whole superblock of a group, `y` its 256 activation codes.
+    #[inline(always)]
+    unsafe fn one(blk: *const u8, y: *const u8, terms: &Self::Terms) -> [__m256i; 2] {
+        let per = Self::CHUNKS / Self::SUBS;
+        let src = Direct::<Self>(blk, PhantomData);
+        let mut isum = [zero_i(); 2];
+        for s in 0..Self::SUBS {
+            // SAFETY: the chunks of sub-block s are the superblock's, `y` its codes (caller).
+            isum =
+                unsafe { dots::<Self, _>(&src, s * per..(s + 1) * per, y, &terms.sc()[s], isum) };
+        }
+        isum
+    }
     /// # Safety
     /// AVX2 and F16C; `blk` addresses one whole superblock of a group.
-    unsafe fn terms(blk: *const u8) -> Terms;
+    unsafe fn terms(blk: *const u8) -> Self::Terms;
 }
 
 /// Each 32-bit lane's bytes `b` (`-1`: a zero byte), `vpshufb` within 128-bit lanes.
@@ -578,17 +757,57 @@ unsafe fn pick(x: __m256i, b: [i8; 4]) -> __m256i {
 
 impl Kquant for Q4K {
     const SUBS: usize = 8;
+    type Terms = Terms4;
+    /// Sub-blocks in pairs `2p, 2p + 1`, which share their code registers (low and high
+    /// nibbles): each register is loaded once, in address order.
     #[inline(always)]
-    unsafe fn terms(blk: *const u8) -> Terms {
+    unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
+        // SAFETY: AVX2 (caller); pair p's codes are the 8 registers at `256 + 512p` of the
+        // superblock, values `64p + 4k..` (low nibbles) and `64p + 32 + 4k..` (high) of `y`
+        // its codes.
+        unsafe {
+            let mut isum = [zero_i(); 2];
+            prefetch_ahead(blk, 256);
+            for p in 0..4 {
+                prefetch_ahead(blk.add(256 + 512 * p), 512);
+                let mut sum = [[zero_i(); 2]; 2];
+                for k in 0..8 {
+                    let v = ld2(blk.add(256 + 512 * p + 64 * k));
+                    for (u, sum) in sum.iter_mut().enumerate() {
+                        let at = 4 * (16 * p + 8 * u + k);
+                        let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
+                        for h in 0..2 {
+                            let codes = nibble(v[h], u == 1);
+                            let w = _mm256_maddubs_epi16(codes, yc);
+                            sum[h] = if k == 0 {
+                                w
+                            } else {
+                                _mm256_add_epi16(sum[h], w)
+                            };
+                        }
+                    }
+                }
+                for (u, sum) in sum.iter().enumerate() {
+                    for h in 0..2 {
+                        let w = _mm256_madd_epi16(sum[h], terms.sc[2 * p + u][h]);
+                        isum[h] = _mm256_add_epi32(isum[h], w);
+                    }
+                }
+            }
+            isum
+        }
+    }
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms4 {
         // SAFETY: AVX2 and F16C (caller); d at 0..32, dmin at 32..64 and the three scale
         // planes at 64..256 of the superblock.
         unsafe {
             let z = _mm256_setzero_si256();
-            let mut t = Terms {
+            let mut t = Terms4 {
                 d: f16x16(blk),
                 dmin: f16x16(blk.add(32)),
-                sc: [[z; 2]; 16],
-                pairs: [[z; 2]; 8],
+                sc: [[z; 2]; 8],
+                pairs: [[z; 2]; 4],
             };
             let six = _mm256_set1_epi8(0x3F);
             let nib = _mm256_set1_epi8(0x0F);
@@ -627,8 +846,9 @@ impl Kquant for Q4K {
 
 impl Kquant for Q5K {
     const SUBS: usize = 8;
+    type Terms = Terms4;
     #[inline(always)]
-    unsafe fn terms(blk: *const u8) -> Terms {
+    unsafe fn terms(blk: *const u8) -> Terms4 {
         // SAFETY: AVX2 and F16C (caller); `d`, `dmin` and the scale planes lie where Q4_K's
         // do.
         unsafe { <Q4K as Kquant>::terms(blk) }
@@ -637,13 +857,73 @@ impl Kquant for Q5K {
 
 impl Kquant for Q6K {
     const SUBS: usize = 16;
+    type Terms = Terms6;
+    /// In the layout's record order, which is address order (the hardware prefetchers follow
+    /// it; sub-block after sub-block revisits each record four times): per half `h` and record
+    /// `k` (`ql` chunks `k` and `8 + k`, `qh` chunk `k`), the codes of all four quarters `f`,
+    /// sub-block `8h + 2f + k/4`; two records' pair sums added in i16, then widened by their
+    /// sub-block's scale.
     #[inline(always)]
-    unsafe fn terms(blk: *const u8) -> Terms {
+    unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms6) -> [__m256i; 2] {
+        // SAFETY: AVX2 (caller); the records (192 bytes at `q6k::ql(h, k)`: `ql` chunk k,
+        // `ql` chunk 8 + k, `qh` chunk k) are the superblock's, value `128h + 32f + 4k..` of
+        // `y` its codes.
+        unsafe {
+            let mut isum = [zero_i(); 2];
+            let low = _mm256_set1_epi8(0x0F);
+            let top = _mm256_set1_epi8(0x30);
+            prefetch_ahead(blk, q6k::ql(0, 0));
+            for h in 0..2 {
+                for kp in 0..4 {
+                    prefetch_ahead(blk.add(q6k::ql(h, 2 * kp)), 384);
+                    let mut sum = [[zero_i(); 2]; 4];
+                    for k in [2 * kp, 2 * kp + 1] {
+                        let rec = blk.add(q6k::ql(h, k));
+                        let (a, b, qh) = (ld2(rec), ld2(rec.add(64)), ld2(rec.add(128)));
+                        unroll!(F in [0 1 2 3] {
+                            let at = 4 * (32 * h + 8 * F + k);
+                            let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
+                            for hh in 0..2 {
+                                let ql = if F.is_multiple_of(2) { a[hh] } else { b[hh] };
+                                let nib = _mm256_and_si256(
+                                    if F < 2 { ql } else { _mm256_srli_epi16::<4>(ql) },
+                                    low,
+                                );
+                                let hb = match F {
+                                    0 => _mm256_slli_epi16::<4>(qh[hh]),
+                                    1 => _mm256_slli_epi16::<2>(qh[hh]),
+                                    2 => qh[hh],
+                                    _ => _mm256_srli_epi16::<2>(qh[hh]),
+                                };
+                                let code = _mm256_or_si256(nib, _mm256_and_si256(hb, top));
+                                let p = _mm256_maddubs_epi16(code, yc);
+                                sum[F][hh] = if k.is_multiple_of(2) {
+                                    p
+                                } else {
+                                    _mm256_add_epi16(sum[F][hh], p)
+                                };
+                            }
+                        });
+                    }
+                    for (f, sum) in sum.iter().enumerate() {
+                        let sc = &terms.sc[8 * h + 2 * f + kp / 2];
+                        for hh in 0..2 {
+                            let w = _mm256_madd_epi16(sum[hh], sc[hh]);
+                            isum[hh] = _mm256_add_epi32(isum[hh], w);
+                        }
+                    }
+                }
+            }
+            isum
+        }
+    }
+    #[inline(always)]
+    unsafe fn terms(blk: *const u8) -> Terms6 {
         // SAFETY: AVX2 and F16C (caller); d at 0..32 and the four scale planes at 32..288 of
         // the superblock.
         unsafe {
             let z = _mm256_setzero_si256();
-            let mut t = Terms {
+            let mut t = Terms6 {
                 d: f16x16(blk),
                 dmin: [_mm256_setzero_ps(); 2],
                 sc: [[z; 2]; 16],
@@ -704,25 +984,24 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
             for (t, f) in f.iter_mut().enumerate() {
                 let y = rows.ys[t].add(292 * b + 4);
                 let mut isum = [_mm256_setzero_si256(); 2];
-                for s in 0..K::SUBS {
-                    let at = s * per..(s + 1) * per;
-                    isum = if T == 1 {
-                        let src = Direct::<K>(blk, PhantomData);
-                        dots::<K, _>(&src, at, y, &terms.sc[s], isum)
-                    } else {
-                        let src = Decoded {
-                            buf: &buf.chunks,
-                            signs: &[],
-                        };
-                        dots::<K, _>(&src, at, y, &terms.sc[s], isum)
+                if T == 1 {
+                    isum = K::one(blk, y, &terms);
+                } else {
+                    let src = Decoded {
+                        buf: &buf.chunks,
+                        signs: &[],
                     };
+                    for s in 0..K::SUBS {
+                        let at = s * per..(s + 1) * per;
+                        isum = dots::<K, _>(&src, at, y, &terms.sc()[s], isum);
+                    }
                 }
                 let mut summ = [_mm256_setzero_si256(); 2];
                 if K::SUBS == 8 {
                     // Σ_s m_s · (bsum_2s + bsum_2s+1), exact: |pair| ≤ 32 · 128 fits i16.
                     let pairs = rows.min_pairs[t].get_unchecked(b);
                     for (s, &yp) in pairs.iter().enumerate() {
-                        for (sm, m) in summ.iter_mut().zip(&terms.pairs[s]) {
+                        for (sm, m) in summ.iter_mut().zip(&terms.pairs()[s]) {
                             let p = _mm256_madd_epi16(*m, _mm256_set1_epi32(yp));
                             *sm = _mm256_add_epi32(*sm, p);
                         }
@@ -737,8 +1016,8 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                         let even = _mm256_set1_epi32(pack(bs[4 * p], bs[4 * p + 2]));
                         let odd = _mm256_set1_epi32(pack(bs[4 * p + 1], bs[4 * p + 3]));
                         for (h, off) in off.iter_mut().enumerate() {
-                            let e = _mm256_madd_epi16(terms.pairs[2 * p][h], even);
-                            let o = _mm256_madd_epi16(terms.pairs[2 * p + 1][h], odd);
+                            let e = _mm256_madd_epi16(terms.pairs()[2 * p][h], even);
+                            let o = _mm256_madd_epi16(terms.pairs()[2 * p + 1][h], odd);
                             *off = _mm256_add_epi32(*off, _mm256_add_epi32(e, o));
                         }
                     }
@@ -749,10 +1028,10 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                 let dy = _mm256_set1_ps(*rows.dys[t].get_unchecked(b));
                 for h in 0..2 {
                     let term =
-                        _mm256_mul_ps(_mm256_mul_ps(terms.d[h], dy), _mm256_cvtepi32_ps(isum[h]));
+                        _mm256_mul_ps(_mm256_mul_ps(terms.d()[h], dy), _mm256_cvtepi32_ps(isum[h]));
                     let v = if K::SUBS == 8 {
                         let m_term = _mm256_mul_ps(
-                            _mm256_mul_ps(terms.dmin[h], dy),
+                            _mm256_mul_ps(terms.dmin()[h], dy),
                             _mm256_cvtepi32_ps(summ[h]),
                         );
                         _mm256_sub_ps(term, m_term)
