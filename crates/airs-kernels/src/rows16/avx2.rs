@@ -57,13 +57,6 @@ unsafe fn f16x16(p: *const u8) -> [__m256; 2] {
     }
 }
 
-/// A zero register.
-#[inline(always)]
-fn zero_i() -> __m256i {
-    // SAFETY: AVX is baseline wherever these kernels run (`run`'s contract: AVX2).
-    unsafe { _mm256_setzero_si256() }
-}
-
 /// The two halves of the 64-byte register at `p`.
 ///
 /// # Safety
@@ -440,71 +433,28 @@ unsafe fn decode_block_part<L: Layout>(blk: *const u8, buf: &mut [Chunk], i: usi
     }
 }
 
-/// Integer dots of the chunks `chunks` of `src` with one token's activation codes `y` (its
-/// block, `4 · chunks.end` bytes): per half, the i32 sums of `vpmaddubsw` pair sums over
-/// every run of `L::SUM16` chunks, each run widened by `vpmaddwd` with `scale` (i16 pairs,
-/// equal in a lane: 1, or a k-quant sub-block's scale), added to `init`.
+/// Integer dots of the chunks `chunks` of `src` with `N` tokens' activation codes `y` (each its
+/// block, `4 · chunks.end` bytes; several tokens share each chunk's loads): per token and
+/// half, the i32 sums of `vpmaddubsw` pair sums over every run of `L::SUM16` chunks, each run
+/// widened by `vpmaddwd` with `scale` (i16 pairs, equal in a lane: 1, or a k-quant sub-block's
+/// scale), added to the token's `init`.
 ///
 /// # Safety
-/// AVX2; `y` has `4 · chunks.end` readable bytes; `src` holds the chunks.
+/// AVX2; each `y` has `4 · chunks.end` readable bytes; `src` holds the chunks.
 #[inline(always)]
-unsafe fn dots<L: Layout, S: Source>(
+unsafe fn dots<L: Layout, S: Source, const N: usize>(
     src: &S,
     chunks: Range<usize>,
-    y: *const u8,
+    y: [*const u8; N],
     scale: &[__m256i; 2],
-    init: [__m256i; 2],
-) -> [__m256i; 2] {
-    // SAFETY: AVX2 (caller); the codes of chunk c are bytes 4c..4c+4 of `y`.
-    unsafe {
-        let mut acc = init;
-        let mut c = chunks.start;
-        while c < chunks.end {
-            let mut sum = [_mm256_setzero_si256(); 2];
-            for i in 0..L::SUM16 {
-                let yc = _mm256_set1_epi32(y.add(4 * (c + i)).cast::<i32>().read_unaligned());
-                let (codes, signs) = src.get(c + i);
-                for h in 0..2 {
-                    let ys = if L::SIGNED {
-                        _mm256_sign_epi8(yc, signs[h])
-                    } else {
-                        yc
-                    };
-                    let p = _mm256_maddubs_epi16(codes[h], ys);
-                    sum[h] = if i == 0 {
-                        p
-                    } else {
-                        _mm256_add_epi16(sum[h], p)
-                    };
-                }
-            }
-            for h in 0..2 {
-                acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(sum[h], scale[h]));
-            }
-            c += L::SUM16;
-        }
-        acc
-    }
-}
-
-/// [`dots`] for two tokens at once (`y`, `init`: theirs): each chunk is read once for both.
-///
-/// # Safety
-/// As [`dots`], for both tokens' `y`.
-#[inline(always)]
-unsafe fn dots_pair<L: Layout, S: Source>(
-    src: &S,
-    chunks: Range<usize>,
-    y: [*const u8; 2],
-    scale: &[__m256i; 2],
-    init: [[__m256i; 2]; 2],
-) -> [[__m256i; 2]; 2] {
+    init: [[__m256i; 2]; N],
+) -> [[__m256i; 2]; N] {
     // SAFETY: AVX2 (caller); the codes of chunk c are bytes 4c..4c+4 of each `y`.
     unsafe {
         let mut acc = init;
         let mut c = chunks.start;
         while c < chunks.end {
-            let mut sum = [[_mm256_setzero_si256(); 2]; 2];
+            let mut sum = [[_mm256_setzero_si256(); 2]; N];
             for i in 0..L::SUM16 {
                 let (codes, signs) = src.get(c + i);
                 for (u, sum) in sum.iter_mut().enumerate() {
@@ -628,7 +578,8 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
             // `decode_dram`), but Q8_0, whose magnitudes and signs then spilled, one at a time.
             if T == 1 {
                 let src = Direct::<L>(blk, PhantomData);
-                let acc = dots::<L, _>(&src, 0..8, y(0), &ones, [_mm256_set1_epi32(offset(0)); 2]);
+                let init = [_mm256_set1_epi32(offset(0)); 2];
+                let [acc] = dots::<L, _, 1>(&src, 0..8, [y(0)], &ones, [init]);
                 legacy_step::<L>(&mut f[0], acc, &d, &m, dy(0), ms(0));
             } else {
                 let src = Decoded {
@@ -637,7 +588,7 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
                 };
                 let mut t = 0;
                 while !L::SIGNED && t + 1 < T {
-                    let pair = dots_pair::<L, _>(
+                    let pair = dots::<L, _, 2>(
                         &src,
                         0..8,
                         [y(t), y(t + 1)],
@@ -654,7 +605,7 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
                 }
                 while t < T {
                     let init = [_mm256_set1_epi32(offset(t)); 2];
-                    let acc = dots::<L, _>(&src, 0..8, y(t), &ones, init);
+                    let [acc] = dots::<L, _, 1>(&src, 0..8, [y(t)], &ones, [init]);
                     legacy_step::<L>(&mut f[t], acc, &d, &m, dy(t), ms(t));
                     t += 1;
                 }
@@ -725,11 +676,13 @@ trait Kquant: Layout + Sized {
     unsafe fn one(blk: *const u8, y: *const u8, terms: &Self::Terms) -> [__m256i; 2] {
         let per = Self::CHUNKS / Self::SUBS;
         let src = Direct::<Self>(blk, PhantomData);
-        let mut isum = [zero_i(); 2];
+        // SAFETY: AVX2 (caller).
+        let mut isum = [unsafe { _mm256_setzero_si256() }; 2];
         for s in 0..Self::SUBS {
             // SAFETY: the chunks of sub-block s are the superblock's, `y` its codes (caller).
-            isum =
-                unsafe { dots::<Self, _>(&src, s * per..(s + 1) * per, y, &terms.sc()[s], isum) };
+            isum = unsafe {
+                dots::<Self, _, 1>(&src, s * per..(s + 1) * per, [y], &terms.sc()[s], [isum])[0]
+            };
         }
         isum
     }
@@ -766,11 +719,11 @@ impl Kquant for Q4K {
         // superblock, values `64p + 4k..` (low nibbles) and `64p + 32 + 4k..` (high) of `y`
         // its codes.
         unsafe {
-            let mut isum = [zero_i(); 2];
+            let mut isum = [_mm256_setzero_si256(); 2];
             prefetch_ahead(blk, 256);
             for p in 0..4 {
                 prefetch_ahead(blk.add(256 + 512 * p), 512);
-                let mut sum = [[zero_i(); 2]; 2];
+                let mut sum = [[_mm256_setzero_si256(); 2]; 2];
                 for k in 0..8 {
                     let v = ld2(blk.add(256 + 512 * p + 64 * k));
                     for (u, sum) in sum.iter_mut().enumerate() {
@@ -869,14 +822,14 @@ impl Kquant for Q6K {
         // `ql` chunk 8 + k, `qh` chunk k) are the superblock's, value `128h + 32f + 4k..` of
         // `y` its codes.
         unsafe {
-            let mut isum = [zero_i(); 2];
+            let mut isum = [_mm256_setzero_si256(); 2];
             let low = _mm256_set1_epi8(0x0F);
             let top = _mm256_set1_epi8(0x30);
             prefetch_ahead(blk, q6k::ql(0, 0));
             for h in 0..2 {
                 for kp in 0..4 {
                     prefetch_ahead(blk.add(q6k::ql(h, 2 * kp)), 384);
-                    let mut sum = [[zero_i(); 2]; 4];
+                    let mut sum = [[_mm256_setzero_si256(); 2]; 4];
                     for k in [2 * kp, 2 * kp + 1] {
                         let rec = blk.add(q6k::ql(h, k));
                         let (a, b, qh) = (ld2(rec), ld2(rec.add(64)), ld2(rec.add(128)));
@@ -993,7 +946,7 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                     };
                     for s in 0..K::SUBS {
                         let at = s * per..(s + 1) * per;
-                        isum = dots::<K, _>(&src, at, y, &terms.sc()[s], isum);
+                        [isum] = dots::<K, _, 1>(&src, at, [y], &terms.sc()[s], [isum]);
                     }
                 }
                 let mut summ = [_mm256_setzero_si256(); 2];
