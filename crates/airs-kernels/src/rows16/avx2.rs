@@ -20,7 +20,8 @@
 //! Q4_K_M decode ran 9 % slower than on the file-layout kernels it replaced; BENCHMARKS.md).
 //! One token of Q4_K and Q6_K reads its superblock in address order with software prefetch
 //! ([`Kquant::one`]): from DRAM with 2 threads (`decode_dram`) Q4_K went from 28 to 34 GB/s
-//! and Q6_K from 25 to 36-42, against 37-44 for a plain read of the same bytes.
+//! and Q6_K from 25 to 36-42, against 37-44 for a plain read of the same bytes. One token of
+//! every type prefetches 2 KiB ahead ([`ONE_TOKEN_AHEAD`]; Q8_0 from DRAM 31-34 → 38-45 GB/s).
 //!
 //! Where it comes from: the parent module's AVX-512 kernels (layout, terms, float steps),
 //! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
@@ -98,18 +99,29 @@ unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
     }
 }
 
-/// Software prefetch, into L2 (`prefetcht1`), of the `bytes` at `p` 8 KiB ahead: the AVX-512
-/// kernels' policy (`x86::prefetch_ahead`), several tokens always, one token for the nibble
-/// types Q4_0/Q5_0/Q4_1/Q5_1 and (unlike AVX-512, where it did not pay) for Q4_K and Q6_K.
+/// Software prefetch, into L2 (`prefetcht1`), of the `bytes` at `p` `ahead` bytes ahead
+/// (every type, one token or several; unlike AVX-512, where it did not pay for one token of
+/// the k-quants).
 #[inline(always)]
-fn prefetch_ahead(p: *const u8, bytes: usize) {
-    const AHEAD: usize = 8192;
+fn prefetch_ahead(p: *const u8, bytes: usize, ahead: usize) {
     for l in 0..bytes.div_ceil(64) {
         // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
         // (`wrapping_add` keeps the arithmetic defined); SSE is baseline on x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + 64 * l).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * l).cast()) };
     }
 }
+
+/// How far ahead several tokens' products prefetch: the AVX-512 kernels' distance
+/// (`x86::prefetch_ahead`).
+const SEVERAL_AHEAD: usize = 8192;
+/// How far ahead one token's product prefetches. From DRAM with 2 threads (`decode_dram`,
+/// three alternated sittings) 2 KiB against 8 KiB took Q8_0 from 31-34 to 38-45 GB/s (it had
+/// no prefetch at 8 KiB, where it did not pay), Q4_0 from 35-36 to 38-42 and Q4_K/Q6_K by
+/// 0-8 %, against 33-43 for a plain read of the same bytes; whole decode (`airs bench decode`,
+/// alternated twice) Qwen2.5-0.5B 72 → 77 t/s, TinyLlama Q4_K_M 47-49 → 52-54, Q8_0 28 → 34.
+/// 4 KiB was slower than 2 on each; Q5_0 alone was slightly faster at 8 KiB in `decode_dram`,
+/// but Qwen's decode was not.
+const ONE_TOKEN_AHEAD: usize = 2048;
 
 /// `$body` once per literal, with the constant `$s` bound to it (loops whose index must be a
 /// compile-time constant in the body).
@@ -543,8 +555,10 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
         // CPU features are this fn's.
         unsafe {
             let blk = group.add(L::GROUP_BLOCK * b);
-            if T > 1 || !L::SIGNED {
-                prefetch_ahead(blk, L::GROUP_BLOCK);
+            if T > 1 {
+                prefetch_ahead(blk, L::GROUP_BLOCK, SEVERAL_AHEAD);
+            } else {
+                prefetch_ahead(blk, L::GROUP_BLOCK, ONE_TOKEN_AHEAD);
             }
             let d = f16x16(blk);
             let m = if L::MIN {
@@ -720,9 +734,9 @@ impl Kquant for Q4K {
         // its codes.
         unsafe {
             let mut isum = [_mm256_setzero_si256(); 2];
-            prefetch_ahead(blk, 256);
+            prefetch_ahead(blk, 256, ONE_TOKEN_AHEAD);
             for p in 0..4 {
-                prefetch_ahead(blk.add(256 + 512 * p), 512);
+                prefetch_ahead(blk.add(256 + 512 * p), 512, ONE_TOKEN_AHEAD);
                 let mut sum = [[_mm256_setzero_si256(); 2]; 2];
                 for k in 0..8 {
                     let v = ld2(blk.add(256 + 512 * p + 64 * k));
@@ -825,10 +839,10 @@ impl Kquant for Q6K {
             let mut isum = [_mm256_setzero_si256(); 2];
             let low = _mm256_set1_epi8(0x0F);
             let top = _mm256_set1_epi8(0x30);
-            prefetch_ahead(blk, q6k::ql(0, 0));
+            prefetch_ahead(blk, q6k::ql(0, 0), ONE_TOKEN_AHEAD);
             for h in 0..2 {
                 for kp in 0..4 {
-                    prefetch_ahead(blk.add(q6k::ql(h, 2 * kp)), 384);
+                    prefetch_ahead(blk.add(q6k::ql(h, 2 * kp)), 384, ONE_TOKEN_AHEAD);
                     let mut sum = [[_mm256_setzero_si256(); 2]; 4];
                     for k in [2 * kp, 2 * kp + 1] {
                         let rec = blk.add(q6k::ql(h, k));
@@ -930,7 +944,7 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                 // (as the AVX-512 kernels found better than all at once).
                 let part = K::GROUP_BLOCK / 8;
                 for i in 0..8 {
-                    prefetch_ahead(blk.add(part * i), part);
+                    prefetch_ahead(blk.add(part * i), part, SEVERAL_AHEAD);
                     decode_block_part::<K>(blk, &mut buf.chunks, i);
                 }
             }
