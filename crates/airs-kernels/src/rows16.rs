@@ -42,7 +42,7 @@
 //! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
 //! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 (and Q4_1/Q5_1)
 //! prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one
-//! token of Q4_K and Q6_K prefetches too: `mod avx2`.) Kernels ([`fast`]):
+//! token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]):
 //! AVX-512 VNNI (`mod x86`), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
 //! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
 //! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only
