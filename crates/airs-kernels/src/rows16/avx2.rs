@@ -116,8 +116,9 @@ fn prefetch_ahead(p: *const u8, bytes: usize, ahead: usize) {
 const SEVERAL_AHEAD: usize = 8192;
 /// How far ahead one token's product prefetches. From DRAM with 2 threads (`decode_dram`,
 /// three alternated sittings) 2 KiB against 8 KiB took Q8_0 from 31-34 to 38-45 GB/s (it had
-/// no prefetch at 8 KiB, where it did not pay), Q4_0 from 35-36 to 38-42 and Q4_K/Q6_K by
-/// 0-8 %, against 33-43 for a plain read of the same bytes; whole decode (`airs bench decode`,
+/// no prefetch at 8 KiB, where it did not pay), Q4_0 from 35-36 to 38-42, and the medians of
+/// Q4_K and Q6_K from 34.7 to 40.6 and 36.2 to 39.8 (their sittings overlap), against 43 for a
+/// plain read of Q8_0 5632×2048 in the same session; whole decode (`airs bench decode`,
 /// alternated twice) Qwen2.5-0.5B 72 → 77 t/s, TinyLlama Q4_K_M 47-49 → 52-54, Q8_0 28 → 34.
 /// 4 KiB was slower than 2 on each; Q5_0 alone was slightly faster at 8 KiB in `decode_dram`,
 /// but Qwen's decode was not.
@@ -555,11 +556,12 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
         // CPU features are this fn's.
         unsafe {
             let blk = group.add(L::GROUP_BLOCK * b);
-            if T > 1 {
-                prefetch_ahead(blk, L::GROUP_BLOCK, SEVERAL_AHEAD);
+            let ahead = if T > 1 {
+                SEVERAL_AHEAD
             } else {
-                prefetch_ahead(blk, L::GROUP_BLOCK, ONE_TOKEN_AHEAD);
-            }
+                ONE_TOKEN_AHEAD
+            };
+            prefetch_ahead(blk, L::GROUP_BLOCK, ahead);
             let d = f16x16(blk);
             let m = if L::MIN {
                 f16x16(blk.add(32))
