@@ -10,8 +10,9 @@
 //! - Q4_0 (18): 16 scales, then 4 chunks of 64 bytes of packed nibbles, chunk `k` holding
 //!   `qs[4k..4k+4]` of row `r` at `4r`: the low nibbles are codes `4k..4k+4`, the high ones
 //!   codes `16+4k..`. 288 bytes.
-//! - Q5_0 (22): 16 scales, then 8 little-endian u64 masks (mask `k` bit `4r+i` = the fifth
-//!   bit of code `4k+i` of row `r`), then the nibbles as Q4_0. 352 bytes.
+//! - Q5_0 (22): 16 scales, then a 64-byte plane of fifth bits (byte `4r+i` bit `k` = the
+//!   fifth bit of code `4k+i` of row `r`: bit `k` of the plane lines up with chunk `k`, as
+//!   Q5_K's `qh` registers), then the nibbles as Q4_0. 352 bytes.
 //! - Q4_1 (20) and Q5_1 (24): Q4_0's and Q5_0's layouts with the 16 rows' f16 mins after the
 //!   scales. 320 and 384 bytes.
 //! - Q4_K, Q5_K and Q6_K, per 256-value superblock: the 16 rows' scales as 16-lane planes and
@@ -79,15 +80,15 @@ impl Legacy {
         if self.block == 34 { 32 } else { 16 }
     }
 
-    /// In a block-group: the 16 `m` (after the 16 `d`), the fifth-bit masks, the codes.
+    /// In a block-group: the 16 `m` (after the 16 `d`), the fifth-bit plane, the codes.
     const fn mins_at(self) -> usize {
         32
     }
-    const fn masks_at(self) -> usize {
+    const fn plane_at(self) -> usize {
         32 + if self.min { 32 } else { 0 }
     }
     const fn codes_at(self) -> usize {
-        self.masks_at() + if self.five { 64 } else { 0 }
+        self.plane_at() + if self.five { 64 } else { 0 }
     }
 
     /// Where `qh` lies in a GGUF block.
@@ -110,13 +111,13 @@ impl Legacy {
                 dst[at..at + 4].copy_from_slice(four);
             }
             if self.five {
+                // Byte 4r + i, bit k: the fifth bit of code 4k + i (bit 4k + i of `qh`).
                 let qh = u32::from_le_bytes(blk[self.qh_at()..][..4].try_into().expect("4"));
-                for k in 0..8 {
-                    let at = self.masks_at() + 8 * k;
-                    let mut m = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
-                    m &= !(0xF << (4 * r));
-                    m |= u64::from((qh >> (4 * k)) & 0xF) << (4 * r);
-                    dst[at..at + 8].copy_from_slice(&m.to_le_bytes());
+                for i in 0..4 {
+                    let plane = (0..8).fold(0u8, |byte, k| {
+                        byte | ((((qh >> (4 * k + i)) & 1) as u8) << k)
+                    });
+                    dst[self.plane_at() + 4 * r + i] = plane;
                 }
             }
         }
@@ -139,10 +140,11 @@ impl Legacy {
             }
             if self.five {
                 let mut qh = 0u32;
-                for k in 0..8 {
-                    let at = self.masks_at() + 8 * k;
-                    let m = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
-                    qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * k);
+                for i in 0..4 {
+                    let plane = src[self.plane_at() + 4 * r + i];
+                    for k in 0..8 {
+                        qh |= u32::from((plane >> k) & 1) << (4 * k + i);
+                    }
                 }
                 let at = self.qh_at();
                 blk[at..at + 4].copy_from_slice(&qh.to_le_bytes());
@@ -1487,13 +1489,13 @@ mod x86 {
         let low = _mm512_set1_epi8(0x0F);
         let p = group.as_ptr();
         // The layout's offsets in a block-group (`Legacy`): mins after the scales, then the
-        // fifth-bit masks, then the codes.
+        // fifth-bit plane, then the codes.
         let (min, five) = (TY >= 3, TY == 2 || TY == 4);
-        let masks_at = if min { 64 } else { 32 };
-        let codes_at = masks_at + if five { 64 } else { 0 };
+        let plane_at = if min { 64 } else { 32 };
+        let codes_at = plane_at + if five { 64 } else { 0 };
         for b in 0..nb {
             // SAFETY: block-group b spans bytes [16·bb·b, 16·bb·(b+1)) of `group`: scales at
-            // 0..32, mins (Q4_1/Q5_1) at 32..64, masks (Q5_0/Q5_1) 64 bytes, codes after them
+            // 0..32, mins (Q4_1/Q5_1) at 32..64, the plane (Q5_0/Q5_1) 64 bytes, codes after them
             // — all inside (caller); block b of every activation row is inside its row
             // (caller).
             unsafe {
@@ -1516,9 +1518,11 @@ mod x86 {
                             codes[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                         }
                         if five {
-                            let masks = blk.add(masks_at).cast::<u64>();
+                            // Bit k of the plane's bytes: the fifth bits of chunk k.
+                            let plane = _mm512_loadu_si512(blk.add(plane_at).cast());
                             for (k, c) in codes.iter_mut().enumerate() {
-                                let m = _cvtu64_mask64(masks.add(k).read_unaligned());
+                                let bit = _mm512_set1_epi8((1u8 << k) as i8);
+                                let m = _mm512_test_epi8_mask(plane, bit);
                                 *c = _mm512_mask_add_epi8(*c, m, *c, _mm512_set1_epi8(0x10));
                             }
                         }

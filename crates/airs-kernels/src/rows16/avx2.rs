@@ -27,8 +27,8 @@
 //! `mod neon` (the chunk abstraction), ggml's AVX2 k-quant dots (`vpmaddubsw` into i16, then
 //! `vpmaddwd` by the scales). Cost per 64 weight bytes and token: two `vpmaddubsw` (Q8_0 also
 //! two `vpsignb`), about one `vpaddw` and a fraction of a `vpmaddwd`; the chunk's decode (Q8_0
-//! one op a register, Q4_0/Q4_K one or two, Q5_0 six, Q6_K three) once per block; per block and
-//! token a float step on 16 lanes.
+//! one op a register, Q4_0/Q4_K one or two, Q5_0/Q5_K three to five, Q6_K three) once per
+//! block; per block and token a float step on 16 lanes.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -158,11 +158,11 @@ trait Layout {
 struct Q8_0;
 /// Q4_0: scales, then 4 chunks of nibbles (low: chunks 0..4, high: 4..8); codes 0..=15.
 struct Q4_0;
-/// Q5_0: scales, 8 u64 fifth-bit masks, then the nibbles as Q4_0; codes 0..=31.
+/// Q5_0: scales, the fifth-bit plane, then the nibbles as Q4_0; codes 0..=31.
 struct Q5_0;
 /// Q4_1: scales, mins, then the nibbles as Q4_0; codes 0..=15.
 struct Q4_1;
-/// Q5_1: scales, mins, then Q5_0's masks and nibbles; codes 0..=31.
+/// Q5_1: scales, mins, then Q5_0's plane and nibbles; codes 0..=31.
 struct Q5_1;
 
 impl Layout for Q8_0 {
@@ -194,7 +194,7 @@ impl Layout for Q5_0 {
     const SUM16: usize = 4;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
-        // SAFETY: AVX2 (caller); the masks are bytes 32..96 of the block, the nibbles 96..352.
+        // SAFETY: AVX2 (caller); the plane is bytes 32..96 of the block, the nibbles 96..352.
         unsafe { five_bit_chunk(blk.add(32), blk.add(96), c) }
     }
 }
@@ -216,38 +216,39 @@ impl Layout for Q5_1 {
     const SUM16: usize = 4;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
-        // SAFETY: AVX2 (caller); the masks are bytes 64..128 of the block, the nibbles
+        // SAFETY: AVX2 (caller); the plane is bytes 64..128 of the block, the nibbles
         // 128..384.
         unsafe { five_bit_chunk(blk.add(64), blk.add(128), c) }
     }
 }
 
-/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` plus 16 where bit `j` of the u64 mask
-/// `c` at `masks` is set (byte `j` of the chunk's 64). Each half's 32 bits are spread over its
-/// 32 bytes (byte `j` takes byte `j / 8` of them, `vpshufb`), tested against `1 << j % 8`.
+/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` plus 16 where bit `c` of the fifth-bit
+/// plane's byte is set, the plane shifted so that bit `c` lands on bit 4 (16-bit shifts: bit 4
+/// of each byte comes from the same byte), masked and or-ed in: three operations a register,
+/// as Q5_K's, where spreading a u64 mask over bytes (`vpshufb`, `vpand`, `vpcmpeqb`) took five
+/// and a broadcast load and left one token of Q5_0 bound by arithmetic (BENCHMARKS.md).
 ///
 /// # Safety
-/// AVX2; `masks` addresses 64 readable bytes, `qs` 256; `c < 8`.
+/// AVX2; `plane` addresses 64 readable bytes, `qs` 256; `c < 8`.
 #[inline(always)]
-unsafe fn five_bit_chunk(masks: *const u8, qs: *const u8, c: usize) -> Chunk {
-    // SAFETY: AVX2 (caller); mask c is at `masks + 8c`, its halves at +0 and +4; the nibbles
-    // inside `qs`'s 256 bytes.
+unsafe fn five_bit_chunk(plane: *const u8, qs: *const u8, c: usize) -> Chunk {
+    // SAFETY: AVX2 (caller); the plane's 64 bytes and the nibbles inside `qs`'s 256 bytes.
     unsafe {
-        let nib = nibbles(qs.add(64 * (c % 4)), c >= 4);
-        let spread = _mm256_set_epi64x(
-            0x0303_0303_0303_0303,
-            0x0202_0202_0202_0202,
-            0x0101_0101_0101_0101,
-            0,
-        );
-        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let mut out = nibbles(qs.add(64 * (c % 4)), c >= 4);
+        let plane = ld2(plane);
         let sixteen = _mm256_set1_epi8(0x10);
-        let mut out = nib;
-        for (h, o) in out.iter_mut().enumerate() {
-            let m = masks.add(8 * c + 4 * h).cast::<i32>().read_unaligned();
-            let set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(m), spread), bits);
-            let fifth = _mm256_and_si256(_mm256_cmpeq_epi8(set, bits), sixteen);
-            *o = _mm256_or_si256(*o, fifth);
+        for (o, h) in out.iter_mut().zip(plane) {
+            let at4 = match c {
+                0 => _mm256_slli_epi16::<4>(h),
+                1 => _mm256_slli_epi16::<3>(h),
+                2 => _mm256_slli_epi16::<2>(h),
+                3 => _mm256_slli_epi16::<1>(h),
+                4 => h,
+                5 => _mm256_srli_epi16::<1>(h),
+                6 => _mm256_srli_epi16::<2>(h),
+                _ => _mm256_srli_epi16::<3>(h),
+            };
+            *o = _mm256_or_si256(*o, _mm256_and_si256(at4, sixteen));
         }
         out
     }

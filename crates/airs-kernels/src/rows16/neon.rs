@@ -17,7 +17,7 @@
 //! `#[inline(always)]` without target features, so they inline into the `neon,dotprod`
 //! kernels (LLVM declined plain `#[inline]` for the passes). Cost per 64 weight bytes and
 //! token: four `sdot`, plus the chunk's decode (Q8_0 none, Q4_0/Q4_K one op a register, Q5_0
-//! four, Q6_K about three) shared by a pass or, with several passes, by the block; per block
+//! three, Q6_K about three) shared by a pass or, with several passes, by the block; per block
 //! and token a float step on 16 lanes. Unmeasured: no aarch64 hardware here.
 
 use std::arch::aarch64::*;
@@ -146,11 +146,11 @@ unsafe fn decode_block<L: Layout>(blk: *const u8, buf: *mut int8x16_t) {
 struct Q8_0;
 /// Q4_0: scales, then 4 chunks of nibbles (low: chunks 0..4, high: 4..8); codes 0..=15.
 struct Q4_0;
-/// Q5_0: scales, 8 u64 fifth-bit masks, then the nibbles as Q4_0; codes 0..=31.
+/// Q5_0: scales, the fifth-bit plane, then the nibbles as Q4_0; codes 0..=31.
 struct Q5_0;
 /// Q4_1: scales, mins, then the nibbles as Q4_0; codes 0..=15.
 struct Q4_1;
-/// Q5_1: scales, mins, then Q5_0's masks and nibbles; codes 0..=31.
+/// Q5_1: scales, mins, then Q5_0's plane and nibbles; codes 0..=31.
 struct Q5_1;
 
 impl Layout for Q8_0 {
@@ -199,7 +199,7 @@ impl Layout for Q5_0 {
     const CHUNKS: usize = 8;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
-        // SAFETY: NEON (caller); the masks are bytes 32..96 of the block, the nibbles 96..352.
+        // SAFETY: NEON (caller); the plane is bytes 32..96 of the block, the nibbles 96..352.
         unsafe { five_bit_chunk(blk.add(32), blk.add(96), c) }
     }
 }
@@ -219,44 +219,28 @@ impl Layout for Q5_1 {
     const CHUNKS: usize = 8;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> [int8x16_t; 4] {
-        // SAFETY: NEON (caller); the masks are bytes 64..128 of the block, the nibbles
+        // SAFETY: NEON (caller); the plane is bytes 64..128 of the block, the nibbles
         // 128..384.
         unsafe { five_bit_chunk(blk.add(64), blk.add(128), c) }
     }
 }
 
-/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` with the fifth bits of the 8 u64 masks
-/// at `masks`. Register q, byte j (row 4q + j/4, code j%4) takes bit 16q + j of mask c: bit
-/// j%8 of its byte 2q + j/8 (`tbl`), moved to bit 4 (`ushl`) and inserted (`bsl`).
+/// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` with the fifth bits of the plane at
+/// `plane`: bit `c` of each byte, moved to bit 4 (`ushl` by `4 − c`) and inserted (`bsl`).
 ///
 /// # Safety
-/// NEON; `masks` addresses 64 readable bytes, `qs` 256; `c < 8`.
+/// NEON; `plane` addresses 64 readable bytes, `qs` 256; `c < 8`.
 #[inline(always)]
-unsafe fn five_bit_chunk(masks: *const u8, qs: *const u8, c: usize) -> [int8x16_t; 4] {
-    const INDEX: [[u8; 16]; 4] = {
-        let mut idx = [[0u8; 16]; 4];
-        let mut q = 0;
-        while q < 4 {
-            let mut j = 0;
-            while j < 16 {
-                idx[q][j] = (2 * q + j / 8) as u8;
-                j += 1;
-            }
-            q += 1;
-        }
-        idx
-    };
-    const SHIFT: [i8; 16] = [4, 3, 2, 1, 0, -1, -2, -3, 4, 3, 2, 1, 0, -1, -2, -3];
-    // SAFETY: NEON (caller); mask c is at `masks + 8c`, the nibbles inside `qs`'s 256 bytes;
-    // the constants are 16 readable bytes each.
+unsafe fn five_bit_chunk(plane: *const u8, qs: *const u8, c: usize) -> [int8x16_t; 4] {
+    // SAFETY: NEON (caller); the plane's 64 bytes and the nibbles inside `qs`'s 256 bytes.
     unsafe {
-        let m = vreinterpretq_u8_u64(vld1q_dup_u64(masks.add(8 * c).cast()));
-        let shift = vld1q_s8(SHIFT.as_ptr());
+        let h = ld4(plane);
+        let shift = vdupq_n_s8(4 - c as i8);
         let nib = nibbles(qs, c);
         let mut out = [vdupq_n_s8(0); 4];
-        for (q, o) in out.iter_mut().enumerate() {
-            let bits = vshlq_u8(vqtbl1q_u8(m, vld1q_u8(INDEX[q].as_ptr())), shift);
-            *o = vreinterpretq_s8_u8(vbslq_u8(vdupq_n_u8(0x10), bits, nib[q]));
+        for ((o, h), nib) in out.iter_mut().zip(h).zip(nib) {
+            let bits = vshlq_u8(h, shift);
+            *o = vreinterpretq_s8_u8(vbslq_u8(vdupq_n_u8(0x10), bits, nib));
         }
         out
     }

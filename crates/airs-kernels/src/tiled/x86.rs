@@ -356,8 +356,8 @@ pub(super) fn repack(
 /// The tile [`repack`] makes of 16 rows, from the same rows as one group of the rows16 layout
 /// (`group`, see `crate::rows16`), for every type with that layout. Both layouts keep
 /// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
-/// Q4_0/Q5_0 their nibble split and fifth bits: a Q5_0 rows16 mask is already one bit per
-/// byte of its register) and the 16 scales widen to f32 — no transposes, unlike the repack of
+/// Q4_0/Q5_0 their nibble split and fifth bits: bit `k` of a Q5_0 rows16 fifth-bit plane is
+/// one bit per byte of register `k`) and the 16 scales widen to f32 — no transposes, unlike the repack of
 /// 16 separate rows. The k-quants (Q4_K, Q5_K, Q6_K) run their repacks' own arithmetic on the
 /// group's registers ([`Group16`]). Byte for byte the same tile (tested).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
@@ -384,7 +384,7 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
         return;
     }
     let nb = n / 32;
-    // A block-group's bytes, whether it has mins (after the 16 scales) and fifth-bit masks
+    // A block-group's bytes, whether it has mins (after the 16 scales) and a fifth-bit plane
     // (after those), and the bias that makes a nibble type's code the tile's biased code
     // (q − 8 + 128, q5 − 16 + 128; Q4_1/Q5_1's codes are unsigned: + 128).
     let (block_bytes, min, five, bias) = match ty {
@@ -395,8 +395,8 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
         GgmlType::Q5_1 => (384, true, true, 128),
         _ => panic!("no direct rows16 tile repack for {ty:?}"),
     };
-    let masks_at = if min { 64 } else { 32 };
-    let codes_at = masks_at + if five { 64 } else { 0 };
+    let plane_at = if min { 64 } else { 32 };
+    let codes_at = plane_at + if five { 64 } else { 0 };
     let rec = tile_record_bytes(Kind::Legacy { min }, TILE);
     assert!(
         n.is_multiple_of(32) && group.len() == nb * block_bytes && dst.len() >= nb * rec,
@@ -409,7 +409,7 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
         let src = group[b * block_bytes..(b + 1) * block_bytes].as_ptr();
         let r = dst[b * rec..(b + 1) * rec].as_mut_ptr();
         // SAFETY: `src` spans one rows16 block (`block_bytes`: 32 bytes of scales, the mins,
-        // the masks, then 64-byte code registers) and `r` one tile record (8 code registers,
+        // the plane, then 64-byte code registers) and `r` one tile record (8 code registers,
         // 16 f32 scales, 16 f32 mins), both inside their slices by the assert; the loads and
         // stores are unaligned.
         unsafe {
@@ -421,10 +421,10 @@ pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]
                     store(r.add(64 * k), _mm512_xor_si512(load(32 + 64 * k), flip));
                 }
             } else {
-                // Mask j bit 4r + i = the fifth bit of code 4j + i of row r.
-                let mask = |j: usize| -> __mmask64 {
-                    std::ptr::read_unaligned(src.add(masks_at + 8 * j).cast::<u64>())
-                };
+                // Plane byte 4r + i, bit j = the fifth bit of code 4j + i of row r.
+                let plane = load(plane_at);
+                let mask =
+                    |j: usize| _mm512_test_epi8_mask(plane, _mm512_set1_epi8((1u8 << j) as i8));
                 for k in 0..4 {
                     let q = load(codes_at + 64 * k);
                     let mut lo = _mm512_and_si512(q, m4);
