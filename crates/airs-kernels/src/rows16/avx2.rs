@@ -223,9 +223,7 @@ impl Layout for Q5_1 {
 }
 
 /// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` plus 16 where bit `c` of the fifth-bit
-/// plane's byte is set, the plane shifted so that bit `c` lands on bit 4 (16-bit shifts: bit 4
-/// of each byte comes from the same byte), masked and or-ed in: three operations a register,
-/// as Q5_K's, where spreading a u64 mask over bytes (`vpshufb`, `vpand`, `vpcmpeqb`) took five
+/// plane's byte is set ([`bit_to_16`]): three operations a register, as Q5_K's, where spreading a u64 mask over bytes (`vpshufb`, `vpand`, `vpcmpeqb`) took five
 /// and a broadcast load and left one token of Q5_0 bound by arithmetic (BENCHMARKS.md).
 ///
 /// # Safety
@@ -235,20 +233,8 @@ unsafe fn five_bit_chunk(plane: *const u8, qs: *const u8, c: usize) -> Chunk {
     // SAFETY: AVX2 (caller); the plane's 64 bytes and the nibbles inside `qs`'s 256 bytes.
     unsafe {
         let mut out = nibbles(qs.add(64 * (c % 4)), c >= 4);
-        let plane = ld2(plane);
-        let sixteen = _mm256_set1_epi8(0x10);
-        for (o, h) in out.iter_mut().zip(plane) {
-            let at4 = match c {
-                0 => _mm256_slli_epi16::<4>(h),
-                1 => _mm256_slli_epi16::<3>(h),
-                2 => _mm256_slli_epi16::<2>(h),
-                3 => _mm256_slli_epi16::<1>(h),
-                4 => h,
-                5 => _mm256_srli_epi16::<1>(h),
-                6 => _mm256_srli_epi16::<2>(h),
-                _ => _mm256_srli_epi16::<3>(h),
-            };
-            *o = _mm256_or_si256(*o, _mm256_and_si256(at4, sixteen));
+        for (o, h) in out.iter_mut().zip(ld2(plane)) {
+            *o = _mm256_or_si256(*o, bit_to_16(h, c));
         }
         out
     }
@@ -301,6 +287,29 @@ impl Layout for Q4K {
     }
 }
 
+/// Bit `s` (< 8) of each byte of `h` at bit 4, alone (`& 0x10`): a fifth bit as the 16 it adds
+/// to its code. 16-bit shifts: bit 4 of each byte comes from the same byte.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn bit_to_16(h: __m256i, s: usize) -> __m256i {
+    // SAFETY: AVX2 (caller).
+    unsafe {
+        let at4 = match s {
+            0 => _mm256_slli_epi16::<4>(h),
+            1 => _mm256_slli_epi16::<3>(h),
+            2 => _mm256_slli_epi16::<2>(h),
+            3 => _mm256_slli_epi16::<1>(h),
+            4 => h,
+            5 => _mm256_srli_epi16::<1>(h),
+            6 => _mm256_srli_epi16::<2>(h),
+            _ => _mm256_srli_epi16::<3>(h),
+        };
+        _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
+    }
+}
+
 impl Layout for Q5K {
     const GROUP_BLOCK: usize = q5k::GROUP_BLOCK;
     const CHUNKS: usize = 64;
@@ -319,19 +328,8 @@ impl Layout for Q5K {
                 s % 2 == 1,
             );
             let h = ld2(blk.add(q5k::QH + 64 * (c % 8)));
-            let sixteen = _mm256_set1_epi8(0x10);
             for (o, h) in out.iter_mut().zip(h) {
-                let at4 = match s {
-                    0 => _mm256_slli_epi16::<4>(h),
-                    1 => _mm256_slli_epi16::<3>(h),
-                    2 => _mm256_slli_epi16::<2>(h),
-                    3 => _mm256_slli_epi16::<1>(h),
-                    4 => h,
-                    5 => _mm256_srli_epi16::<1>(h),
-                    6 => _mm256_srli_epi16::<2>(h),
-                    _ => _mm256_srli_epi16::<3>(h),
-                };
-                *o = _mm256_or_si256(*o, _mm256_and_si256(at4, sixteen));
+                *o = _mm256_or_si256(*o, bit_to_16(h, s));
             }
             out
         }
@@ -725,38 +723,81 @@ unsafe fn pick(x: __m256i, b: [i8; 4]) -> __m256i {
     unsafe { _mm256_shuffle_epi8(x, _mm256_loadu_si256(control.as_ptr().cast())) }
 }
 
-impl Kquant for Q4K {
-    const SUBS: usize = 8;
-    type Terms = Terms4;
-    /// Sub-blocks in pairs `2p, 2p + 1`, which share their code registers (low and high
-    /// nibbles): each register is loaded once, in address order.
-    #[inline(always)]
-    unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
-        // SAFETY: AVX2 (caller); pair p's codes are the 8 registers at `256 + 512p` of the
-        // superblock, values `64p + 4k..` (low nibbles) and `64p + 32 + 4k..` (high) of `y`
-        // its codes.
-        unsafe {
-            let mut isum = [_mm256_setzero_si256(); 2];
-            prefetch_ahead(blk, 256, ONE_TOKEN_AHEAD);
+/// One token's integer dots of a Q4_K (`FIVE` false) or Q5_K superblock ([`Kquant::one`]):
+/// sub-blocks in pairs `2p, 2p + 1` ([`k4_pair`]), in address order. Sub-block after
+/// sub-block through [`dots`] (each chunk's shift picked at run time, `qh` and the codes read
+/// out of order, no prefetch) ran Q5_K at 15.9 GB/s a thread from cache against Q4_K's 38.
+///
+/// # Safety
+/// AVX2; `blk` one whole superblock of a group of the type, `y` its 256 activation codes.
+#[inline(always)]
+unsafe fn k4_one<const FIVE: bool>(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
+    // SAFETY: AVX2 (caller); the superblock's scales (and Q5_K's `qh`) precede its codes.
+    unsafe {
+        let mut isum = [_mm256_setzero_si256(); 2];
+        prefetch_ahead(blk, if FIVE { q5k::CODES } else { 256 }, ONE_TOKEN_AHEAD);
+        // Q5_K's pairs unrolled, so that each fifth bit's shift is a constant; Q4_K's as a
+        // loop (unrolled, it ran 4 % slower from cache).
+        if FIVE {
+            unroll!(P in [0 1 2 3] { k4_pair::<FIVE>(blk, y, terms, P, &mut isum); });
+        } else {
             for p in 0..4 {
-                prefetch_ahead(blk.add(256 + 512 * p), 512, ONE_TOKEN_AHEAD);
-                let mut sum = [[_mm256_setzero_si256(); 2]; 2];
-                for k in 0..8 {
-                    let v = ld2(blk.add(256 + 512 * p + 64 * k));
-                    for (u, sum) in sum.iter_mut().enumerate() {
-                        let at = 4 * (16 * p + 8 * u + k);
-                        let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
-                        for h in 0..2 {
-                            let codes = nibble(v[h], u == 1);
-                            let w = _mm256_maddubs_epi16(codes, yc);
-                            sum[h] = if k == 0 {
-                                w
-                            } else {
-                                _mm256_add_epi16(sum[h], w)
-                            };
-                        }
+                k4_pair::<FIVE>(blk, y, terms, p, &mut isum);
+            }
+        }
+        isum
+    }
+}
+
+/// Sub-blocks `2p` and `2p + 1` of [`k4_one`] into `isum`: they share their code registers
+/// (low and high nibbles), each loaded once; Q5_K's fifth bits are bit `2p + u` of the bytes
+/// of `qh` register `k` (512 bytes, revisited per pair from L1).
+///
+/// # Safety
+/// As [`k4_one`]; `p < 4`.
+#[inline(always)]
+unsafe fn k4_pair<const FIVE: bool>(
+    blk: *const u8,
+    y: *const u8,
+    terms: &Terms4,
+    p: usize,
+    isum: &mut [__m256i; 2],
+) {
+    // The codes follow the superblock's scales (and Q5_K's `qh`); the pair sums of `run`
+    // chunks fit i16 (`Layout::SUM16`: 8 for Q4_K, 4 for Q5_K).
+    let codes = if FIVE { q5k::CODES } else { 256 };
+    let run = if FIVE { Q5K::SUM16 } else { Q4K::SUM16 };
+    // SAFETY: AVX2 (caller); pair p's codes are the 8 registers at `codes + 512p` of the
+    // superblock, values `64p + 4k..` (low nibbles) and `64p + 32 + 4k..` (high) of `y` its
+    // codes; Q5_K's `qh` registers at `q5k::QH + 64k`.
+    unsafe {
+        let pair = blk.add(codes + 512 * p);
+        prefetch_ahead(pair, 512, ONE_TOKEN_AHEAD);
+        let mut sum = [[_mm256_setzero_si256(); 2]; 2];
+        for k in 0..8 {
+            let v = ld2(pair.add(64 * k));
+            let qh = if FIVE {
+                ld2(blk.add(q5k::QH + 64 * k))
+            } else {
+                [_mm256_setzero_si256(); 2]
+            };
+            for (u, sum) in sum.iter_mut().enumerate() {
+                let at = 4 * (16 * p + 8 * u + k);
+                let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
+                for h in 0..2 {
+                    let mut code = nibble(v[h], u == 1);
+                    if FIVE {
+                        code = _mm256_or_si256(code, bit_to_16(qh[h], 2 * p + u));
                     }
+                    let w = _mm256_maddubs_epi16(code, yc);
+                    sum[h] = if k % run == 0 {
+                        w
+                    } else {
+                        _mm256_add_epi16(sum[h], w)
+                    };
                 }
+            }
+            if k % run == run - 1 {
                 for (u, sum) in sum.iter().enumerate() {
                     for h in 0..2 {
                         let w = _mm256_madd_epi16(sum[h], terms.sc[2 * p + u][h]);
@@ -764,8 +805,17 @@ impl Kquant for Q4K {
                     }
                 }
             }
-            isum
         }
+    }
+}
+
+impl Kquant for Q4K {
+    const SUBS: usize = 8;
+    type Terms = Terms4;
+    #[inline(always)]
+    unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
+        // SAFETY: the caller's contract is `k4_one`'s.
+        unsafe { k4_one::<false>(blk, y, terms) }
     }
     #[inline(always)]
     unsafe fn terms(blk: *const u8) -> Terms4 {
@@ -817,6 +867,11 @@ impl Kquant for Q4K {
 impl Kquant for Q5K {
     const SUBS: usize = 8;
     type Terms = Terms4;
+    #[inline(always)]
+    unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
+        // SAFETY: the caller's contract is `k4_one`'s.
+        unsafe { k4_one::<true>(blk, y, terms) }
+    }
     #[inline(always)]
     unsafe fn terms(blk: *const u8) -> Terms4 {
         // SAFETY: AVX2 and F16C (caller); `d`, `dmin` and the scale planes lie where Q4_K's
