@@ -1006,21 +1006,39 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                     decode_block_part::<K>(blk, &mut buf.chunks, i);
                 }
             }
-            for (t, f) in f.iter_mut().enumerate() {
-                let y = rows.ys[t].add(292 * b + 4);
-                let mut isum = [_mm256_setzero_si256(); 2];
-                if T == 1 {
-                    isum = K::one(blk, y, &terms);
-                } else {
-                    let src = Decoded {
-                        buf: &buf.chunks,
-                        signs: &[],
-                    };
-                    for s in 0..K::SUBS {
-                        let at = s * per..(s + 1) * per;
-                        [isum] = dots::<K, _, 1>(&src, at, [y], &terms.sc()[s], [isum]);
+            let y = |t: usize| rows.ys[t].add(292 * b + 4);
+            // The integer dots: one token reads its chunks on the spot; several read the
+            // decoded superblock two tokens at a time (each chunk's loads serve both).
+            let mut isums = [[_mm256_setzero_si256(); 2]; T];
+            if T == 1 {
+                isums[0] = K::one(blk, y(0), &terms);
+            } else {
+                let src = Decoded {
+                    buf: &buf.chunks,
+                    signs: &[],
+                };
+                let mut t = 0;
+                while t < T {
+                    let sc = terms.sc();
+                    if t + 1 < T {
+                        let mut pair = [isums[t], isums[t + 1]];
+                        for (s, sc) in sc.iter().enumerate() {
+                            let at = s * per..(s + 1) * per;
+                            pair = dots::<K, _, 2>(&src, at, [y(t), y(t + 1)], sc, pair);
+                        }
+                        [isums[t], isums[t + 1]] = pair;
+                        t += 2;
+                    } else {
+                        for (s, sc) in sc.iter().enumerate() {
+                            let at = s * per..(s + 1) * per;
+                            [isums[t]] = dots::<K, _, 1>(&src, at, [y(t)], sc, [isums[t]]);
+                        }
+                        t += 1;
                     }
                 }
+            }
+            for (t, f) in f.iter_mut().enumerate() {
+                let mut isum = isums[t];
                 let mut summ = [_mm256_setzero_si256(); 2];
                 if K::SUBS == 8 {
                     // Σ_s m_s · (bsum_2s + bsum_2s+1), exact: |pair| ≤ 32 · 128 fits i16.
