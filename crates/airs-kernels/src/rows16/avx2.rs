@@ -223,8 +223,9 @@ impl Layout for Q5_1 {
 }
 
 /// Chunk `c` of a Q5_0/Q5_1 block: the nibbles at `qs` plus 16 where bit `c` of the fifth-bit
-/// plane's byte is set ([`bit_to_16`]): three operations a register, as Q5_K's, where spreading a u64 mask over bytes (`vpshufb`, `vpand`, `vpcmpeqb`) took five
-/// and a broadcast load and left one token of Q5_0 bound by arithmetic (BENCHMARKS.md).
+/// plane's byte is set ([`bit_to_16`]): three operations a register, as Q5_K's, where spreading
+/// a u64 mask over bytes took a broadcast and five (`vpshufb`, `vpand`, `vpcmpeqb`, `vpand`,
+/// `vpor`) and left one token of Q5_0 bound by arithmetic (BENCHMARKS.md).
 ///
 /// # Safety
 /// AVX2; `plane` addresses 64 readable bytes, `qs` 256; `c < 8`.
@@ -737,7 +738,7 @@ unsafe fn k4_one<const FIVE: bool>(blk: *const u8, y: *const u8, terms: &Terms4)
         let mut isum = [_mm256_setzero_si256(); 2];
         prefetch_ahead(blk, if FIVE { q5k::CODES } else { 256 }, ONE_TOKEN_AHEAD);
         // Q5_K's pairs unrolled, so that each fifth bit's shift is a constant; Q4_K's as a
-        // loop (unrolled, it ran 4 % slower from cache).
+        // loop (unrolled, it ran 3-4 % slower from cache).
         if FIVE {
             unroll!(P in [0 1 2 3] { k4_pair::<FIVE>(blk, y, terms, P, &mut isum); });
         } else {
@@ -1018,22 +1019,19 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                     signs: &[],
                 };
                 let mut t = 0;
-                while t < T {
-                    let sc = terms.sc();
-                    if t + 1 < T {
-                        let mut pair = [isums[t], isums[t + 1]];
-                        for (s, sc) in sc.iter().enumerate() {
-                            let at = s * per..(s + 1) * per;
-                            pair = dots::<K, _, 2>(&src, at, [y(t), y(t + 1)], sc, pair);
-                        }
-                        [isums[t], isums[t + 1]] = pair;
-                        t += 2;
-                    } else {
-                        for (s, sc) in sc.iter().enumerate() {
-                            let at = s * per..(s + 1) * per;
-                            [isums[t]] = dots::<K, _, 1>(&src, at, [y(t)], sc, [isums[t]]);
-                        }
-                        t += 1;
+                while t + 1 < T {
+                    let mut pair = [isums[t], isums[t + 1]];
+                    for (s, sc) in terms.sc().iter().enumerate() {
+                        let at = s * per..(s + 1) * per;
+                        pair = dots::<K, _, 2>(&src, at, [y(t), y(t + 1)], sc, pair);
+                    }
+                    [isums[t], isums[t + 1]] = pair;
+                    t += 2;
+                }
+                if t < T {
+                    for (s, sc) in terms.sc().iter().enumerate() {
+                        let at = s * per..(s + 1) * per;
+                        [isums[t]] = dots::<K, _, 1>(&src, at, [y(t)], sc, [isums[t]]);
                     }
                 }
             }

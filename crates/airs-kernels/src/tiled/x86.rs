@@ -357,9 +357,9 @@ pub(super) fn repack(
 /// (`group`, see `crate::rows16`), for every type with that layout. Both layouts keep
 /// a block's codes as 4-code × 16-row registers, so each register only takes the +128 bias (and
 /// Q4_0/Q5_0 their nibble split and fifth bits: bit `k` of a Q5_0 rows16 fifth-bit plane is
-/// one bit per byte of register `k`) and the 16 scales widen to f32 — no transposes, unlike the repack of
-/// 16 separate rows. The k-quants (Q4_K, Q5_K, Q6_K) run their repacks' own arithmetic on the
-/// group's registers ([`Group16`]). Byte for byte the same tile (tested).
+/// one bit per byte of register `k`) and the 16 scales widen to f32 — no transposes, unlike
+/// the repack of 16 separate rows. The k-quants (Q4_K, Q5_K, Q6_K) run their repacks' own
+/// arithmetic on the group's registers ([`Group16`]). Byte for byte the same tile (tested).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 pub(super) fn repack_rows16(ty: GgmlType, n: usize, group: &[u8], dst: &mut [u8]) {
     if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
