@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::Arc;
 
 use airs_kernels::{ActType, Isa, PreparedActs};
 
@@ -62,15 +63,17 @@ thread_local! {
 /// Activations quantized once per matmul input, per activation encoding.
 #[derive(Default)]
 pub(crate) struct QuantizedActs {
-    /// (encoding, rows, bytes) of each encoding computed since the last `reset`.
-    cached: Vec<(ActType, Vec<u8>)>,
+    /// Each encoding's buffer, and how many of its bytes hold the current input's encoding
+    /// (0: not computed since the last `reset`). The buffers keep their length from input to
+    /// input, so a new input is written over the old without being zeroed first.
+    cached: Vec<(ActType, Vec<u8>, usize)>,
 }
 
 impl QuantizedActs {
     /// Forget the cached encodings (the input changed).
     pub(crate) fn reset(&mut self) {
-        for (_, buf) in &mut self.cached {
-            buf.clear();
+        for (_, _, len) in &mut self.cached {
+            *len = 0;
         }
     }
 
@@ -78,19 +81,22 @@ impl QuantizedActs {
     /// encoding is already cached.
     pub(crate) fn encode(&mut self, pool: &ThreadPool, w: &TensorRef, x: &[f32]) {
         let (act, cols) = (act_of(w), w.cols);
-        let idx = match self.cached.iter().position(|(a, _)| *a == act) {
+        let idx = match self.cached.iter().position(|(a, _, _)| *a == act) {
             Some(i) => i,
             None => {
-                self.cached.push((act, Vec::new()));
+                self.cached.push((act, Vec::new(), 0));
                 self.cached.len() - 1
             }
         };
-        let buf = &mut self.cached[idx].1;
-        if buf.is_empty() && !x.is_empty() {
+        let (_, buf, len) = &mut self.cached[idx];
+        if *len == 0 && !x.is_empty() {
             let rows = x.len() / cols;
             let row_bytes = act.row_bytes(cols);
-            buf.resize(rows * row_bytes, 0);
-            let writer = DisjointOut::new(buf);
+            *len = rows * row_bytes;
+            if buf.len() < *len {
+                buf.resize(*len, 0);
+            }
+            let writer = DisjointOut::new(&mut buf[..*len]);
             pool.for_chunks(rows, 4, &|range| {
                 // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
                 let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
@@ -109,8 +115,8 @@ impl QuantizedActs {
         let acts = self
             .cached
             .iter()
-            .find(|(a, _)| *a == act)
-            .map(|(_, buf)| buf.as_slice())
+            .find(|(a, _, _)| *a == act)
+            .map(|(_, buf, len)| &buf[..*len])
             .expect("activations encoded before use");
         Product { w, acts, out }
     }
@@ -159,7 +165,7 @@ fn matmul_after<'a>(
         return Some(acts);
     }
     let out = &mut *p.out;
-    let job = RowJob::new(isa, image, tokens, Product { w, acts, out });
+    let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
     pool.for_chunks(w.rows, job.chunk(pool.threads()), &|range| {
         job.compute(range)
     });
@@ -186,10 +192,11 @@ pub(crate) fn matmuls(
         }
         return;
     }
-    let jobs: Vec<RowJob<'_>> = products
-        .into_iter()
-        .map(|p| RowJob::new(isa, image, tokens, p))
-        .collect();
+    let mut jobs: Vec<RowJob<'_>> = Vec::with_capacity(products.len());
+    for p in products {
+        let job = RowJob::new(isa, image, tokens, p, &jobs);
+        jobs.push(job);
+    }
     // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
     let chunks: Vec<usize> = jobs.iter().map(|j| j.chunk(pool.threads())).collect();
     let mut first = vec![0usize];
@@ -235,8 +242,8 @@ pub(crate) fn matmul_gated(
         return;
     }
     let rows = gate.w.rows;
-    let gate = RowJob::new(isa, image, tokens, gate);
-    let up = RowJob::new(isa, image, tokens, up);
+    let gate = RowJob::new(isa, image, tokens, gate, &[]);
+    let up = RowJob::new(isa, image, tokens, up, std::slice::from_ref(&gate));
     pool.for_chunks(rows, gate.chunk(pool.threads()), &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
@@ -300,19 +307,36 @@ struct RowJob<'a> {
     acts: &'a [u8],
     tokens: usize,
     /// The rows16 kernels' per-block activation terms, once for every chunk and thread (a
-    /// repacked matrix only).
-    prepared: Option<airs_kernels::rows16::Activations<'a>>,
+    /// repacked matrix only), and shared with the other products of one pool job that read
+    /// the same input with the same weight type (q/k/v, gate/up).
+    prepared: Option<Arc<airs_kernels::rows16::Activations<'a>>>,
     out: DisjointOut<'a, f32>,
 }
 
 impl<'a> RowJob<'a> {
-    fn new(isa: Isa, image: &'a [u8], tokens: usize, p: Product<'a>) -> RowJob<'a> {
+    /// The job of product `p`; its activation terms taken from one of `earlier` (jobs of the
+    /// same pool job) that prepared them for the same input and weight type, else computed.
+    fn new(
+        isa: Isa,
+        image: &'a [u8],
+        tokens: usize,
+        p: Product<'a>,
+        earlier: &[RowJob<'a>],
+    ) -> RowJob<'a> {
         let w = p.w;
         let act_row_bytes = p.acts.len() / tokens.max(1);
         let acts = &p.acts[..tokens * act_row_bytes];
         let prepared = w.packed.as_ref().map(|_| {
-            airs_kernels::rows16::Activations::new(isa, w.ty, w.cols, acts)
-                .expect("matmul geometry checked at model load")
+            let shared = earlier
+                .iter()
+                .find(|j| j.w.ty == w.ty && j.w.cols == w.cols && std::ptr::eq(j.acts, acts));
+            match shared.and_then(|j| j.prepared.as_ref()) {
+                Some(terms) => Arc::clone(terms),
+                None => Arc::new(
+                    airs_kernels::rows16::Activations::new(isa, w.ty, w.cols, acts)
+                        .expect("matmul geometry checked at model load"),
+                ),
+            }
         });
         debug_assert_eq!(p.out.len(), tokens * w.rows);
         RowJob {
