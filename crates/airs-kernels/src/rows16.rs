@@ -417,7 +417,7 @@ impl<'a> Activations<'a> {
             for b in blocks {
                 let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
                 let codes: &[u8; 32] = b[2..].try_into().expect("34-byte Q8_0 block");
-                let sum = code_sum(codes);
+                let sum = crate::tiled::sum_i8(codes);
                 a.dy.push(dy);
                 a.offset_sum.push(-off * sum);
                 if min {
@@ -450,26 +450,6 @@ impl<'a> Activations<'a> {
             min_pairs: std::array::from_fn(|t| of(&self.min_pairs, t0 + t, nb)),
         }
     }
-}
-
-/// `Σ q` over the 32 i8 codes of a Q8_0 block, in 64-bit words (this runs on the calling
-/// thread before a product's pool job, in code built for no particular SIMD level): each
-/// byte's sign bit flipped makes it `q + 128` as u8; pairs of bytes are added into 16-bit
-/// lanes (at most 4 · 2 · 255 over the four words), the lanes summed by one multiply, and
-/// the 32 offsets of 128 taken off.
-fn code_sum(codes: &[u8; 32]) -> i32 {
-    const LOW_BYTES: u64 = 0x00FF_00FF_00FF_00FF;
-    let lanes: u64 = codes
-        .as_chunks::<8>()
-        .0
-        .iter()
-        .map(|w| {
-            let w = u64::from_le_bytes(*w) ^ 0x8080_8080_8080_8080;
-            (w & LOW_BYTES) + ((w >> 8) & LOW_BYTES)
-        })
-        .sum();
-    let biased = lanes.wrapping_mul(0x0001_0001_0001_0001) >> 48;
-    biased as i32 - 32 * 128
 }
 
 /// Per-token views of one product ([`Activations::token_rows`]): each token's activation row
@@ -1825,22 +1805,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn code_sum_equals_the_sum_of_the_signed_codes() {
-        let mut codes = [0u8; 32];
-        for case in 0..200u32 {
-            for (i, c) in codes.iter_mut().enumerate() {
-                *c = match case {
-                    0 => 0x80,
-                    1 => 0x7F,
-                    _ => (case.wrapping_mul(2654435761).rotate_left(i as u32) >> 7) as u8,
-                };
-            }
-            let want: i32 = codes.iter().map(|&q| i32::from(q as i8)).sum();
-            assert_eq!(code_sum(&codes), want, "case {case}");
         }
     }
 

@@ -261,9 +261,9 @@ pub(crate) fn prepare(
 /// Σ of 32 codes as i8: on x86-64, `psadbw` (SSE2, always there) of the codes biased to u8;
 /// on aarch64, NEON's widening add across lanes (always there); elsewhere one by one. The
 /// byte-at-a-time loop this replaces took over half of `prepare_groups`, itself ~5 % of a
-/// Qwen2.5 prefill.
+/// Qwen2.5 prefill. The rows16 kernels' activation terms use it too.
 #[inline]
-fn sum_i8(codes: &[u8; 32]) -> i32 {
+pub(crate) fn sum_i8(codes: &[u8; 32]) -> i32 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
@@ -659,7 +659,7 @@ impl ActSide {
                     let dy = crate::legacy::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
                     s.dy.push(dy);
                     if min {
-                        let sum: i32 = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
+                        let sum = sum_i8(blk[2..].try_into().expect("34-byte Q8_0 block"));
                         s.ms.push(dy * sum as f32);
                     }
                 }
