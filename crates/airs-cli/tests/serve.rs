@@ -641,12 +641,15 @@ fn models_load_on_demand_and_the_idle_one_makes_room() {
         pool["model_pool"]["weights_bytes"].as_u64().unwrap() < 600 << 20,
         "{pool}"
     );
-    // Qwen busy with a long request: stories260K cannot be loaded now.
+    // Qwen busy with a long request: stories260K cannot be loaded now. (Greedy Qwen declines
+    // "Tell me a long story." in 12 tokens, a reply short enough to end between two polls
+    // below; it lists the numbers in ~290.)
     let addr = server.addr.clone();
     let long = std::thread::spawn(move || {
         let body = format!(
             r#"{{"model": "{}", "max_tokens": 400, "temperature": 0,
-                "messages": [{{"role": "user", "content": "Tell me a long story."}}]}}"#,
+                "messages": [{{"role": "user",
+                               "content": "List the numbers from 1 to 200, one per line."}}]}}"#,
             qwen_id()
         );
         http(&addr, "POST", "/v1/chat/completions", Some(&body))
