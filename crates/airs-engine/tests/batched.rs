@@ -2,11 +2,11 @@
 //! over several sequences — decode rows of some, prefill chunks of others, each through its own
 //! paged block table at its own positions — gives every sequence exactly the bits of running it
 //! alone (whole prompt in one pass, then one token per pass), on both real models and every KV
-//! type. What continuous batching relies on.
+//! type, with one output buffer reused from step to step. What continuous batching relies on.
 mod paged_common;
 
 use airs_engine::{
-    BatchSeq, KvCache, KvType, Logits, Model, Output, PagedKv, PagedKvPool, Runtime,
+    BatchOutput, BatchSeq, KvCache, KvType, Logits, Model, Output, PagedKv, PagedKvPool, Runtime,
 };
 use paged_common::{load, pool};
 
@@ -58,6 +58,9 @@ fn check(model: &Model, ty: KvType, lens: [usize; 3], chunk: usize) {
     let mut kvs: Vec<PagedKv> = (0..3).map(|_| PagedKv::new_sequence(&p, None)).collect();
     let mut fed = [0usize; 3];
     let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 3];
+    // One output buffer for every step, as the scheduler keeps one: the steps want 0 to 3
+    // logits rows, so it shrinks and grows and each step writes over the last one's values.
+    let mut out = BatchOutput::default();
     for step in 0.. {
         let mut rows: Vec<(usize, Vec<u32>, Output)> = Vec::new();
         for s in 0..3 {
@@ -94,7 +97,7 @@ fn check(model: &Model, ty: KvType, lens: [usize; 3], chunk: usize) {
                 )
             })
             .collect();
-        let out = {
+        {
             let mut batch: Vec<BatchSeq<'_>> = taken
                 .iter_mut()
                 .zip(&rows)
@@ -104,8 +107,10 @@ fn check(model: &Model, ty: KvType, lens: [usize; 3], chunk: usize) {
                     output: *output,
                 })
                 .collect();
-            model.forward_batch(&rt, &mut batch, 512).unwrap()
-        };
+            model
+                .forward_batch_into(&rt, &mut batch, 512, &mut out)
+                .unwrap();
+        }
         for (i, (s, kv)) in taken.into_iter().enumerate() {
             kvs[s] = kv;
             fed[s] += rows[i].1.len();

@@ -76,7 +76,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airs_engine::forward::LAYER_MAJOR_PASSES;
-use airs_engine::{BatchSeq, KvType, Output, PagedKv, PagedKvConfig, PagedKvPool};
+use airs_engine::{BatchOutput, BatchSeq, KvType, Output, PagedKv, PagedKvConfig, PagedKvPool};
 use airs_memory::eviction::{
     EvictionClass, EvictionPolicy, Priority, Protection, SessionDescriptor, SessionId,
 };
@@ -372,6 +372,9 @@ pub struct Scheduler {
     events: Vec<SchedulerEvent>,
     /// The scratch's share of the model pool (the KV pool holds its own charge).
     _scratch: PoolCharge,
+    /// The last step's outputs, whose buffer the next step's logits are written over (part of
+    /// the step scratch charged above).
+    step_out: BatchOutput,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -457,6 +460,7 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             events: Vec::new(),
             _scratch: scratch,
+            step_out: BatchOutput::default(),
         })
     }
 
@@ -1573,6 +1577,7 @@ impl Scheduler {
             kvs.push(seq.kv.take().expect("checked"));
         }
         let started = Instant::now();
+        let mut out = std::mem::take(&mut self.step_out);
         let result = {
             let mut batch: Vec<BatchSeq<'_>> = Vec::with_capacity(plan.len());
             for (p, kv) in plan.iter().zip(kvs.iter_mut()) {
@@ -1584,25 +1589,25 @@ impl Scheduler {
                     output: p.output,
                 });
             }
-            self.model
-                .model
-                .forward_batch(&self.model.runtime, &mut batch, self.config.step_tokens)
+            self.model.model.forward_batch_into(
+                &self.model.runtime,
+                &mut batch,
+                self.config.step_tokens,
+                &mut out,
+            )
         };
         report.forward_time = started.elapsed();
         for (p, kv) in plan.iter().zip(kvs) {
             self.seq_mut(p.seq).kv = Some(kv);
         }
-        let out = match result {
-            Ok(out) => out,
-            Err(e) => {
-                let requests: Vec<RequestId> =
-                    plan.iter().map(|p| self.seq(p.seq).request).collect();
-                for r in requests {
-                    self.fail(r, RuntimeError::from(e_clone(&e)));
-                }
-                return;
+        if let Err(e) = result {
+            self.step_out = out;
+            let requests: Vec<RequestId> = plan.iter().map(|p| self.seq(p.seq).request).collect();
+            for r in requests {
+                self.fail(r, RuntimeError::from(e_clone(&e)));
             }
-        };
+            return;
+        }
         let now = self.clock.now();
         let step = self.step_no;
         self.stats.steps += 1;
@@ -1632,6 +1637,7 @@ impl Scheduler {
                 Output::AllLogits => unreachable!("the scheduler asks for the last logits"),
             }
         }
+        self.step_out = out;
         self.stats.rows += report.rows() as u64;
     }
 
