@@ -137,7 +137,7 @@ mod x86 {
     }
 
     /// [`super::signed_max`] 16 lanes at a time: the first value whose magnitude is `amax`
-    /// (a value-by-value scan took about a third of quantizing a row).
+    /// (value by value, the scan was up to 256 dependent compares a block).
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn signed_max(v: &[[f32; 16]], amax: f32) -> f32 {
@@ -186,8 +186,8 @@ mod x86 {
             }
             // The 16 sums of 16 codes (|code| ≤ 127, so the bytes are the codes exactly),
             // from the codes just stored, 64 a register: `vpsadbw` sums 8 codes biased to u8
-            // per 64-bit lane, and a lane pair is a sub-block. (A horizontal add per sub-block
-            // took about half of quantizing a row.)
+            // per 64-bit lane, and a lane pair is a sub-block. (With a horizontal add per
+            // sub-block, a 4864-value row took 1.19 µs; this way 0.94.)
             let bias = _mm512_set1_epi8(0x80u8 as i8);
             let pairs: [__m512i; 4] = std::array::from_fn(|q| {
                 // SAFETY: bytes 4 + 64q .. 4 + 64q + 64 of the block are its codes.
