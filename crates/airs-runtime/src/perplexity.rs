@@ -33,7 +33,7 @@
 use std::time::{Duration, Instant};
 
 use airs_engine::footprint::Scratch;
-use airs_engine::{BatchSeq, KvType, Output, PagedKv, PagedKvConfig, PagedKvPool};
+use airs_engine::{BatchOutput, BatchSeq, KvType, Output, PagedKv, PagedKvConfig, PagedKvPool};
 use airs_memory::PoolUse;
 use airs_tokenizer::EncodeOptions;
 use serde::Deserialize;
@@ -378,6 +378,8 @@ pub fn evaluate(
     let scored_range = scored_positions(ctx);
     let mut scored = Vec::with_capacity(chunks * scored_range.len());
     let mut compute = Duration::ZERO;
+    // One output buffer for every call: each call's logits are written over the last one's.
+    let mut out = BatchOutput::default();
     for c in 0..chunks {
         let mut chunk = tokens[c * ctx..(c + 1) * ctx].to_vec();
         if let Some(bos) = bos {
@@ -387,18 +389,30 @@ pub fn evaluate(
         // No salt: nothing is indexed, so every chunk starts from an empty cache.
         let mut kv = PagedKv::new_sequence(&kv_pool, None);
         let rt = &model.runtime;
-        let pass = |kv: &mut PagedKv, rows: &[u32], output: Output| {
+        let pass = |kv: &mut PagedKv, rows: &[u32], output: Output, out: &mut BatchOutput| {
             let mut seqs = [BatchSeq {
                 kv,
                 tokens: rows,
                 output,
             }];
-            model.model.forward_batch(rt, &mut seqs, rows.len())
+            model
+                .model
+                .forward_batch_into(rt, &mut seqs, rows.len(), out)
         };
-        pass(&mut kv, &chunk[..scored_range.start], Output::Nothing)?;
+        pass(
+            &mut kv,
+            &chunk[..scored_range.start],
+            Output::Nothing,
+            &mut out,
+        )?;
         for call_start in scored_range.clone().step_by(SCORED_ROWS_PER_CALL) {
             let call_end = (call_start + SCORED_ROWS_PER_CALL).min(scored_range.end);
-            let out = pass(&mut kv, &chunk[call_start..call_end], Output::AllLogits)?;
+            pass(
+                &mut kv,
+                &chunk[call_start..call_end],
+                Output::AllLogits,
+                &mut out,
+            )?;
             for (row, i) in (call_start..call_end).enumerate() {
                 let logits = &out.values[row * vocab..(row + 1) * vocab];
                 let position = reference.map(|r| &r.chunks[c].positions[i - scored_range.start]);
