@@ -692,20 +692,69 @@ fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
 // ---------------------------------------------------------------------------------------------
 // The attention kernel.
 
-/// Ask the CPU to start loading `bytes` (the next run, while this one is computed): a paged
-/// cache's runs lie in separate blocks, where the hardware prefetcher loses the stream. (Asking
-/// for every run at once, into L2, cost more than it saved: BENCHMARKS.md.)
+/// Where a software prefetch brings its lines.
+#[derive(Copy, Clone)]
+enum Near {
+    /// Into L1 (`prefetcht0`): the run computed next.
+    L1,
+    /// Into L2 (`prefetcht1`): a run further ahead.
+    L2,
+}
+
+/// Runs ahead of the one being computed that the attention kernel asks for into L2 (the next
+/// one besides goes into L1; a pass's first runs are asked for before it starts, V's during
+/// the softmax). A paged cache's runs lie in separate blocks, where the hardware prefetchers
+/// lose the stream; a run of one KV head is 16 positions (2 KiB of f16 K for a 64-value head,
+/// as much of V), which its heads compute in less time than DRAM takes to answer. With one run
+/// ahead into L1 only, half of the kernel's profile in a Qwen2.5 decode at 2048 positions was
+/// waiting on memory. Measured (BENCHMARKS.md, `cargo bench -p airs-engine --bench attention`,
+/// one thread): from DRAM (8192 positions) 15-18 % faster, in L3 (2048) the same; only into
+/// L1, 2 or 4 runs ahead, was faster in L3 and slower from DRAM; every run at once, into L2,
+/// cost more than it saved.
+const PREFETCH_RUNS: usize = 4;
+
+/// Ask the CPU to start loading `bytes` into `near`.
 #[inline(always)]
-fn prefetch(bytes: &[u8]) {
+fn prefetch(bytes: &[u8], near: Near) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for at in (0..bytes.len()).step_by(64) {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+        let line = bytes[at..].as_ptr().cast();
         // SAFETY: a prefetch is only a hint: it never faults, has no architectural effect,
         // and the address lies inside a live slice anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        unsafe {
+            match near {
+                Near::L1 => _mm_prefetch::<_MM_HINT_T0>(line),
+                Near::L2 => _mm_prefetch::<_MM_HINT_T1>(line),
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    let _ = (bytes, near);
+}
+
+/// The prefetches that start a pass over `runs` runs, `bytes(i)` giving run `i`'s bytes: the
+/// first into L1, the next [`PREFETCH_RUNS`] − 1 into L2.
+#[inline(always)]
+fn prefetch_first_runs<'a>(runs: usize, bytes: impl Fn(usize) -> &'a [u8]) {
+    if runs > 0 {
+        prefetch(bytes(0), Near::L1);
+    }
+    for i in 1..PREFETCH_RUNS.min(runs) {
+        prefetch(bytes(i), Near::L2);
+    }
+}
+
+/// The prefetches due while run `r` is computed (after [`prefetch_first_runs`]): the next run
+/// into L1, the one [`PREFETCH_RUNS`] ahead into L2.
+#[inline(always)]
+fn prefetch_next_runs<'a>(r: usize, runs: usize, bytes: impl Fn(usize) -> &'a [u8]) {
+    if r + 1 < runs {
+        prefetch(bytes(r + 1), Near::L1);
+    }
+    if r + PREFETCH_RUNS < runs {
+        prefetch(bytes(r + PREFETCH_RUNS), Near::L2);
+    }
 }
 
 /// `rows` consecutive cached positions of one KV head. K lies in a tile of `width` positions
@@ -720,9 +769,9 @@ pub(crate) struct RowRun<'a> {
     pub stride: usize,
 }
 
-impl RowRun<'_> {
+impl<'a> RowRun<'a> {
     /// The bytes of K that hold the run (the whole tile when K is in columns).
-    fn k_bytes(&self, ty: KvType, head_dim: usize) -> &[u8] {
+    fn k_bytes(&self, ty: KvType, head_dim: usize) -> &'a [u8] {
         if ty.k_in_columns() {
             self.k
         } else {
@@ -1016,11 +1065,10 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     // Scores, up to 16 positions at a time for every head: K read in place (AVX-512, whole
     // 16-column chunks) or decoded once per chunk.
     let mut j0 = 0;
+    prefetch_first_runs(runs, |i| run(i).k_bytes(ty, head_dim));
     for r in 0..runs {
         let this = run(r);
-        if r + 1 < runs {
-            prefetch(run(r + 1).k_bytes(ty, head_dim));
-        }
+        prefetch_next_runs(r, runs, |i| run(i).k_bytes(ty, head_dim));
         let mut i0 = 0;
         while i0 < this.rows {
             let n = (this.rows - i0).min(CHUNK_ROWS);
@@ -1062,7 +1110,9 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     }
     assert_eq!(j0, n_ctx, "runs must cover n_ctx positions");
 
-    // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`.
+    // Softmax per head (f64 sum, as ggml), leaving the weights in `scores`, while the first V
+    // runs load.
+    prefetch_first_runs(runs, |i| run(i).v);
     for (h, s) in scores.chunks_exact_mut(n_ctx).enumerate() {
         let s = &mut s[..row_len(h)];
         let max = max_f32(s);
@@ -1087,9 +1137,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         let RowRun {
             v, rows, stride, ..
         } = run(r);
-        if r + 1 < runs {
-            prefetch(run(r + 1).v);
-        }
+        prefetch_next_runs(r, runs, |i| run(i).v);
         let mut i0 = 0;
         while i0 < rows {
             let n = (rows - i0).min(CHUNK_ROWS);
