@@ -708,11 +708,12 @@ enum Near {
 /// as much of V), which its heads compute in less time than DRAM takes to answer. With one run
 /// ahead into L1 only, half of the kernel's profile in a Qwen2.5 decode at 2048 positions was
 /// waiting on memory. Measured (BENCHMARKS.md, `cargo bench -p airs-engine --bench attention`,
-/// one thread): f16 from DRAM (8192 positions) 18-29 % faster, in L3 (Qwen2.5 and TinyLlama
-/// at 2048) the same, f32 faster still, q8_0 within 2 % (its dots are the bound); Gemma 3's
-/// f32 at 2048 12 % slower, with its 16 KiB runs two ahead as well. Only into L1, 2 or 4 runs
-/// ahead, was faster in L3 and slower from DRAM; every run at once, into L2, cost more than
-/// it saved.
+/// one thread): f16 from DRAM (8192 positions) 18-29 % less time a call, from L3 (Qwen2.5
+/// and TinyLlama at 2048) the same, f32 less still, q8_0 within 2 % (its dots are the bound);
+/// Gemma 3's f32 at 2048 12 % more (asking for its 16 KiB runs two ahead did not help). Only
+/// into L1, 2 or 4 runs ahead, was faster from L3 and slower from DRAM; only into L2, faster
+/// for 2 KiB runs and slower for larger ones; every run at once, into L2, cost more than it
+/// saved.
 const PREFETCH_RUNS: usize = 4;
 
 /// Ask the CPU to start loading `bytes` into `near`.
