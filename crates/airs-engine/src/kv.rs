@@ -406,20 +406,71 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
     }
 }
 
-/// ggml's `vec_dot_q8_0_q8_0`: per 32-value block an exact integer dot scaled by `d_a · d_b`.
-#[inline(always)]
+/// ggml's `vec_dot_q8_0_q8_0`: per 32-value block an exact integer dot scaled by `d_a · d_b`
+/// (the reference [`scores_q8_0`] is tested against).
+#[cfg(test)]
 fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (x, y) in a.chunks_exact(34).zip(b.chunks_exact(34)) {
         let dx = f16_to_f32(u16::from_le_bytes([x[0], x[1]]));
         let dy = f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
-        let mut isum = 0i32;
-        for (&p, &q) in x[2..34].iter().zip(&y[2..34]) {
-            isum += i32::from(p as i8) * i32::from(q as i8);
-        }
-        sum += isum as f32 * (dx * dy);
+        sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (dx * dy);
     }
     sum
+}
+
+/// The exact integer dot of two q8_0 blocks' 32 codes.
+#[inline(always)]
+fn dot_codes(x: &[u8], y: &[u8]) -> i32 {
+    let (x, y): (&[u8; 32], &[u8; 32]) = (x.try_into().expect("32"), y.try_into().expect("32"));
+    let mut isum = 0i32;
+    for (&p, &q) in x.iter().zip(y) {
+        isum += i32::from(p as i8) * i32::from(q as i8);
+    }
+    isum
+}
+
+/// The block scales of the q8_0 rows (`row_bytes` bytes each) of `rows` as f32, row after row,
+/// into `out`.
+fn q8_0_scales(rows: &[u8], row_bytes: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for row in rows.chunks_exact(row_bytes) {
+        out.extend(
+            row.chunks_exact(34)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        );
+    }
+}
+
+/// `out[h · out_stride] = dot_q8_0(row, q_h) · scale` for each q8_0 query row `q_h` of `q`
+/// (`row.len()` bytes each; `q_scales` their block scales, [`q8_0_scales`]): the K row's
+/// scales decoded once for all the heads, each head's dot the same operations in the same
+/// order as [`dot_q8_0`] (the same bits).
+#[inline(always)]
+fn scores_q8_0(
+    row: &[u8],
+    q: &[u8],
+    q_scales: &[f32],
+    scale: f32,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let blocks = row.len() / 34;
+    let mut k_scales = [0.0f32; MAX_HEAD_DIM / 32];
+    for (d, b) in k_scales.iter_mut().zip(row.chunks_exact(34)) {
+        *d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    }
+    for (h, (qh, dq)) in q
+        .chunks_exact(row.len())
+        .zip(q_scales.chunks_exact(blocks))
+        .enumerate()
+    {
+        let mut sum = 0.0f32;
+        for (b, (x, y)) in row.chunks_exact(34).zip(qh.chunks_exact(34)).enumerate() {
+            sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (k_scales[b] * dq[b]);
+        }
+        out[h * out_stride] = sum * scale;
+    }
 }
 
 /// Query heads per pass of the portable [`score_pass`]: each head's 16 scores are two
@@ -1050,6 +1101,8 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     // The query in the encoding the K rows are multiplied in.
     let mut q_f32 = Vec::new();
     let mut q_q8 = Vec::new();
+    // q8_0: each head's block scales, decoded once for every K row.
+    let mut q_scales = Vec::new();
     match ty {
         KvType::F32 => q_f32.extend_from_slice(q),
         KvType::F16 => q_f32.extend(q.iter().map(|&x| round_f16(x))),
@@ -1061,6 +1114,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
             {
                 encode_row(KvType::Q8_0, src, dst);
             }
+            q8_0_scales(&q_q8, row_bytes, &mut q_scales);
         }
     }
     let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
@@ -1077,13 +1131,10 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
             let n = (this.rows - i0).min(CHUNK_ROWS);
             let col0 = this.first + i0;
             if ty == KvType::Q8_0 {
-                let row = |i: usize| &this.k[(col0 + i) * row_bytes..(col0 + i + 1) * row_bytes];
-                for h in 0..heads {
-                    let qh = &q_q8[h * row_bytes..(h + 1) * row_bytes];
-                    let s = &mut scores[h * n_ctx + j0..h * n_ctx + j0 + n];
-                    for (i, s) in s.iter_mut().enumerate() {
-                        *s = dot_q8_0(row(i), qh) * scale;
-                    }
+                for i in 0..n {
+                    let row = &this.k[(col0 + i) * row_bytes..(col0 + i + 1) * row_bytes];
+                    let out = &mut scores[j0 + i..];
+                    scores_q8_0(row, &q_q8, &q_scales, scale, out, n_ctx);
                 }
             } else {
                 #[cfg(target_arch = "x86_64")]
@@ -1426,6 +1477,42 @@ mod tests {
         let want =
             airs_kernels::dot(airs_kernels::Isa::Scalar, GgmlType::Q8_0, 64, &a, &b).unwrap();
         assert!((dot_q8_0(&a, &b) - want).abs() <= want.abs() * 1e-6);
+    }
+
+    #[test]
+    fn q8_0_scores_of_every_head_equal_their_dots_alone_bit_for_bit() {
+        for head_dim in [32, 64, 256] {
+            let rb = KvType::Q8_0.row_bytes(head_dim).unwrap();
+            let heads = 7;
+            let encode = |seed: usize| {
+                let x: Vec<f32> = (0..head_dim)
+                    .map(|j| {
+                        (((j * 37 + seed * 11) % 97) as f32 - 48.0) * 0.013 * (1 + seed % 5) as f32
+                    })
+                    .collect();
+                let mut row = vec![0u8; rb];
+                encode_row(KvType::Q8_0, &x, &mut row);
+                row
+            };
+            let q: Vec<u8> = (0..heads).flat_map(|h| encode(100 + h)).collect();
+            // q8_0: each head's block scales, decoded once for every K row.
+            let mut q_scales = Vec::new();
+            q8_0_scales(&q, rb, &mut q_scales);
+            for pos in 0..9 {
+                let k = encode(pos);
+                let stride = 5;
+                let mut out = vec![f32::NAN; heads * stride];
+                scores_q8_0(&k, &q, &q_scales, 0.125, &mut out, stride);
+                for (h, qh) in q.chunks_exact(rb).enumerate() {
+                    let alone = dot_q8_0(&k, qh) * 0.125;
+                    assert_eq!(
+                        out[h * stride].to_bits(),
+                        alone.to_bits(),
+                        "{head_dim}, head {h}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
