@@ -405,7 +405,7 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
                 .iter_mut()
                 .zip(src.as_chunks::<34>().0)
             {
-                let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                let d = q8_0_scale(b);
                 let codes: [f32; 32] = std::array::from_fn(|k| f32::from(b[2 + k] as i8));
                 for (o, c) in o.iter_mut().zip(codes) {
                     *o = c * d;
@@ -421,11 +421,15 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
 fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (x, y) in a.chunks_exact(34).zip(b.chunks_exact(34)) {
-        let dx = f16_to_f32(u16::from_le_bytes([x[0], x[1]]));
-        let dy = f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
-        sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (dx * dy);
+        sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (q8_0_scale(x) * q8_0_scale(y));
     }
     sum
+}
+
+/// The scale of a q8_0 block (its first two bytes, an f16) as f32.
+#[inline(always)]
+fn q8_0_scale(block: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([block[0], block[1]]))
 }
 
 /// The exact integer dot of two q8_0 blocks' 32 codes.
@@ -444,10 +448,7 @@ fn dot_codes(x: &[u8], y: &[u8]) -> i32 {
 fn q8_0_scales(rows: &[u8], row_bytes: usize, out: &mut Vec<f32>) {
     out.clear();
     for row in rows.chunks_exact(row_bytes) {
-        out.extend(
-            row.chunks_exact(34)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-        );
+        out.extend(row.chunks_exact(34).map(q8_0_scale));
     }
 }
 
@@ -467,7 +468,7 @@ fn scores_q8_0(
     let blocks = row.len() / 34;
     let mut k_scales = [0.0f32; MAX_HEAD_DIM / 32];
     for (d, b) in k_scales.iter_mut().zip(row.chunks_exact(34)) {
-        *d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        *d = q8_0_scale(b);
     }
     for (h, (qh, dq)) in q
         .chunks_exact(row.len())
@@ -1504,7 +1505,6 @@ mod tests {
                 row
             };
             let q: Vec<u8> = (0..heads).flat_map(|h| encode(100 + h)).collect();
-            // q8_0: each head's block scales, decoded once for every K row.
             let mut q_scales = Vec::new();
             q8_0_scales(&q, rb, &mut q_scales);
             for pos in 0..9 {
