@@ -1,7 +1,7 @@
 //! `airs bench batch`: what continuous batching buys. For each concurrency in `--sessions`,
 //! that many requests (distinct prompts of `--prompt-tokens`, optionally starting with a common
 //! `--shared-prefix`) arrive at once at one scheduler and generate `--gen-tokens` each (greedy,
-//! end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s while all
+//! or sampled at `--temperature` with a seed; end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s while all
 //! of them decode concurrently (tokens produced between the last request's first token and the
 //! first request's last token, over that interval: the steady state of that many sessions),
 //! the same over the whole span (first request's first token to the last request's last token,
@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use airs_engine::sampler::SamplerConfig;
 use airs_engine::{KvType, probe_int8_dot_peak};
 use airs_memory::{LoadOptions, ModelRegistry};
 use airs_runtime::{
@@ -70,6 +71,11 @@ pub struct BenchBatchArgs {
     /// measurements (0: no probe).
     #[arg(long, default_value_t = 20)]
     pub probe_dot_ms: u64,
+    /// Sample at this temperature with the sampler's other defaults (top-k 40, top-p 0.95,
+    /// min-p 0.05; each request seeded, so its run alone draws the same tokens) instead of
+    /// greedy decoding: what a chat client's requests cost the scheduler between steps.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     /// Skip serving every request alone for the comparison (profiling the batched runs).
     #[arg(long)]
     pub no_compare: bool,
@@ -150,6 +156,10 @@ fn measure(
     let params = GenerationParams {
         max_tokens: args.gen_tokens,
         ignore_eos: true,
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            ..SamplerConfig::default()
+        },
         ..GenerationParams::default()
     };
     let timelines: Vec<Arc<Mutex<Timeline>>> = (0..n)
@@ -435,6 +445,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         "kv_type": args.kv_type.name(),
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
+        "temperature": args.temperature,
         "shared_prefix": args.shared_prefix,
         "step_tokens": args.step_tokens,
         "reps": args.reps,
@@ -453,13 +464,18 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} threads, kv {}, prompts of {} tokens ({} shared), {} generated each",
+            "{}: {} threads, kv {}, prompts of {} tokens ({} shared), {} generated each{}",
             model.name,
             threads,
             args.kv_type.name(),
             args.prompt_tokens,
             args.shared_prefix,
-            args.gen_tokens
+            args.gen_tokens,
+            if args.temperature > 0.0 {
+                format!(", sampled at temperature {}", args.temperature)
+            } else {
+                String::new()
+            }
         );
         println!(
             "{:>8} {:>14} {:>9} {:>10} {:>9} {:>13} {:>10} {:>10} {:>6} {:>10}",

@@ -10,7 +10,11 @@
 //! argmax with ties going to the lowest id, as in the reference outputs. Log-probabilities are
 //! those of the model's distribution (log-softmax of the raw logits, before penalties and
 //! temperature), as vLLM and OpenAI report them.
-//! Cost: O(vocab) per token, plus O(k log k) for the kept candidates.
+//! Cost: O(vocab) per token, plus O(k log k) for the kept candidates: the candidates are found
+//! by filtering passes that compare 16 logits at a time, never by sorting the vocabulary
+//! (which took 0.4 ms a draw with top-k 40 over Qwen2.5's 151,936 logits, 4.5 ms with top-k
+//! off, in every decode step for every sampled sequence; now 16 and 220 µs, `cargo bench -p
+//! airs-engine --bench sampler`), with the draws of the sort (tested against it).
 
 /// Sampling parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,7 +104,10 @@ impl Pcg32 {
 pub struct Sampler {
     config: SamplerConfig,
     rng: Pcg32,
+    /// The candidates of the current draw, reused from draw to draw.
     candidates: Vec<(u32, f32)>,
+    /// The penalized logits of the current draw, reused from draw to draw.
+    penalized: Vec<f32>,
 }
 
 /// Index of the largest value, ties to the lowest index: what a scan from index 0 that moves
@@ -144,6 +151,175 @@ pub fn argmax(logits: &[f32]) -> u32 {
     (block * LANES + at) as u32
 }
 
+/// The order candidates are ranked in: the larger logit first (by `total_cmp`, so that NaNs and
+/// signed zeros have a place), then the lower id. A strict total order over distinct ids, so
+/// every sort by it gives one result.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Logits looked at together by the filtering passes ([`top_k`], [`head`]): a block's
+/// comparisons are one vector compare, and most blocks hold no candidate.
+const LANES: usize = 16;
+
+/// Whether `l` may rank at or above `floor` in [`by_logit_desc`] order: not numerically below
+/// it, which a NaN on either side is not.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn not_below(l: f32, floor: f32) -> bool {
+    !(l < floor)
+}
+
+/// Into `out`, the `k` best of `(id, logits[id])` in [`by_logit_desc`] order, sorted: what
+/// sorting every logit and keeping the first `k` gives, in one pass. A logit becomes a
+/// candidate unless it is below the `k`-th best found so far (16 logits compared at a time,
+/// most blocks having none), and the candidates are cut back to their `k` best whenever they
+/// reach `2k` (at least `k + 64`), which raises that floor. Cost: O(vocab) compares plus
+/// O(k) per cut; the sort it replaces took 0.4 ms for Qwen2.5's 151,936 logits and k = 40
+/// (`cargo bench -p airs-engine --bench sampler`).
+fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    let k = k.min(logits.len());
+    if k == 0 {
+        return;
+    }
+    let cap = (2 * k).max(k + 64);
+    // Every logit numerically below `floor` ranks below k others: `total_cmp` agrees with `<`
+    // wherever `<` holds. (A NaN floor lets everything in, which the cuts sort out.)
+    let mut floor = f32::NEG_INFINITY;
+    let mut blocks = logits.chunks_exact(LANES);
+    let mut first = 0;
+    let take = |block: &[f32], first: usize, floor: &mut f32, out: &mut Vec<(u32, f32)>| {
+        for (i, &l) in block.iter().enumerate() {
+            if not_below(l, *floor) {
+                out.push(((first + i) as u32, l));
+            }
+        }
+        if out.len() >= cap {
+            out.select_nth_unstable_by(k - 1, by_logit_desc);
+            out.truncate(k);
+            *floor = out[k - 1].1;
+        }
+    };
+    for block in &mut blocks {
+        if block
+            .iter()
+            .fold(false, |any, &l| any | not_below(l, floor))
+        {
+            take(block, first, &mut floor, out);
+        }
+        first += LANES;
+    }
+    take(blocks.remainder(), first, &mut floor, out);
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, by_logit_desc);
+        out.truncate(k);
+    }
+    out.sort_unstable_by(by_logit_desc);
+}
+
+/// How far below the largest logit a candidate's softmax weight stops counting: `exp(−17.5)`
+/// ≈ 2.5·10⁻⁸ is under 2⁻²⁵, half an ulp of any f32 from 0.5 up, so adding such a weight to a
+/// sum that holds the largest's `exp(0) = 1`, or such a probability to a cumulative sum past
+/// one half, leaves the sum as it was.
+const NEGLIGIBLE: f32 = -17.5;
+
+/// Into `out`, sorted in [`by_logit_desc`] order, the candidates whose logit is within
+/// [`NEGLIGIBLE`] of the largest: the head of the full sorted list, the rest of which can only
+/// matter to the draw if top-p or min-p keeps it ([`kept`] says). False when a logit is a NaN
+/// or the largest is infinite, whose softmax only the full list computes as written. Cost: two
+/// passes over the logits, and a sort of the head (typically a few hundred tokens).
+fn head(logits: &[f32], out: &mut Vec<(u32, f32)>) -> bool {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut nan = false;
+    let mut blocks = logits.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (m, &l) in lanes.iter_mut().zip(block) {
+            nan |= l.is_nan();
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &l in lanes.iter().chain(blocks.remainder()) {
+        nan |= l.is_nan();
+        max = if l > max { l } else { max };
+    }
+    if nan || !max.is_finite() {
+        return false;
+    }
+    // `l − max` as the softmax computes it (`max` may be −0.0 where the sorted list's first is
+    // +0.0: the differences are the same for every logit that is not a zero, and a zero is in).
+    out.clear();
+    let mut blocks = logits.chunks_exact(LANES);
+    let mut first = 0;
+    let take = |block: &[f32], first: usize, out: &mut Vec<(u32, f32)>| {
+        for (i, &l) in block.iter().enumerate() {
+            if l - max >= NEGLIGIBLE {
+                out.push(((first + i) as u32, l));
+            }
+        }
+    };
+    for block in &mut blocks {
+        if block
+            .iter()
+            .fold(false, |any, &l| any | (l - max >= NEGLIGIBLE))
+        {
+            take(block, first, out);
+        }
+        first += LANES;
+    }
+    take(blocks.remainder(), first, out);
+    out.sort_unstable_by(by_logit_desc);
+    true
+}
+
+/// How many of `cands` (sorted in [`by_logit_desc`] order) top-p and min-p keep, as llama.cpp's
+/// chain computes it: a softmax over the candidates (relative to the first, summed in order),
+/// the shortest prefix whose probability reaches `top_p`, cut again before the first
+/// probability under `min_p` × the largest. With `whole` false, `cands` is only the [`head`]
+/// of the candidates, and the answer is `None` unless the cut falls inside it — the bits are
+/// then those of the whole list: the tail leaves the softmax's sum, the cumulative sum and the
+/// min-p test as they were.
+fn kept(cands: &[(u32, f32)], c: &SamplerConfig, whole: bool) -> Option<usize> {
+    let max = cands[0].1;
+    let mut probs: Vec<f32> = cands.iter().map(|&(_, l)| (l - max).exp()).collect();
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+    // `None`: every candidate, the tail included.
+    let mut keep = None;
+    if c.top_p < 1.0 {
+        let mut cum = 0.0;
+        for (i, p) in probs.iter().enumerate() {
+            cum += p;
+            if cum >= c.top_p {
+                keep = Some(i + 1);
+                break;
+            }
+        }
+        if keep.is_none() && !whole && cum < 0.5 {
+            // The tail's probabilities might still move this sum (never seen: the head holds
+            // nearly all the mass).
+            return None;
+        }
+    }
+    if c.min_p > 0.0 {
+        let floor = c.min_p * probs[0];
+        let count = probs.iter().take_while(|&&p| p >= floor).count();
+        // A head all above the floor: the tail's probabilities (under 2^-25) stop the count at
+        // once if the floor is above them; else the count goes on, which matters only if
+        // top-p did not cut first.
+        if !whole && count == probs.len() && floor < 2f32.powi(-25) {
+            return keep.filter(|&n| n <= count);
+        }
+        keep = Some(keep.unwrap_or(cands.len()).min(count.max(1)));
+    }
+    match keep {
+        Some(n) => Some(n),
+        None if whole => Some(cands.len()),
+        None => None,
+    }
+}
+
 impl Sampler {
     pub fn new(config: SamplerConfig) -> Sampler {
         let rng = Pcg32::new(config.seed);
@@ -151,6 +327,7 @@ impl Sampler {
             config,
             rng,
             candidates: Vec::new(),
+            penalized: Vec::new(),
         }
     }
 
@@ -159,15 +336,26 @@ impl Sampler {
     }
 
     /// Choose the next token from `logits`, given the tokens so far (for the penalty).
+    ///
+    /// The candidates are found without sorting the vocabulary: top-k by one filtering pass
+    /// ([`top_k`]); with top-k off, the head of the sorted list that the softmax can see
+    /// ([`head`]), unless top-p and min-p keep more of it than that. Either way the kept
+    /// candidates, their order and the draw are those of sorting every logit (tested against
+    /// that reference).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let c = &self.config;
+        let Sampler {
+            config: c,
+            rng,
+            candidates: cands,
+            penalized,
+        } = self;
         let penalize = c.penalizes();
         if c.temperature <= 0.0 && !penalize {
             return argmax(logits);
         }
-        let mut logits_buf;
         let logits = if penalize {
-            logits_buf = logits.to_vec();
+            penalized.clear();
+            penalized.extend_from_slice(logits);
             let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
             let mut counts: std::collections::HashMap<u32, u32> =
                 std::collections::HashMap::with_capacity(recent.len());
@@ -175,7 +363,7 @@ impl Sampler {
                 *counts.entry(t).or_default() += 1;
             }
             for (&t, &count) in &counts {
-                if let Some(l) = logits_buf.get_mut(t as usize) {
+                if let Some(l) = penalized.get_mut(t as usize) {
                     *l = if *l > 0.0 {
                         *l / c.repeat_penalty
                     } else {
@@ -184,7 +372,7 @@ impl Sampler {
                     *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
-            &logits_buf[..]
+            &penalized[..]
         } else {
             logits
         };
@@ -192,44 +380,27 @@ impl Sampler {
             return argmax(logits);
         }
 
-        let cands = &mut self.candidates;
-        cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if c.top_k > 0 && c.top_k < cands.len() {
-            cands.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
-            cands.truncate(c.top_k);
-        }
-        cands.sort_unstable_by(by_logit_desc);
-        // Softmax over the survivors (before temperature, as llama.cpp's top-p/min-p see them).
-        let max = cands[0].1;
-        let mut probs: Vec<f32> = cands.iter().map(|&(_, l)| (l - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        let mut keep = cands.len();
-        if c.top_p < 1.0 {
-            let mut cum = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                cum += p;
-                if cum >= c.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if c.min_p > 0.0 {
-            let floor = c.min_p * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
-        }
+        let keep = if c.top_k > 0 && c.top_k < logits.len() {
+            top_k(logits, c.top_k, cands);
+            kept(cands, c, true)
+        } else {
+            head(logits, cands).then(|| kept(cands, c, false)).flatten()
+        };
+        let keep = keep.unwrap_or_else(|| {
+            cands.clear();
+            cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            cands.sort_unstable_by(by_logit_desc);
+            kept(cands, c, true).expect("the whole list decides")
+        });
         cands.truncate(keep);
         // Temperature, then draw.
+        let max = cands[0].1;
         let weights: Vec<f32> = cands
             .iter()
             .map(|&(_, l)| ((l - max) / c.temperature).exp())
             .collect();
         let total: f32 = weights.iter().sum();
-        let mut r = self.rng.next_f32() * total;
+        let mut r = rng.next_f32() * total;
         for (&(id, _), w) in cands.iter().zip(&weights) {
             if r < *w {
                 return id;
@@ -256,24 +427,9 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)
     let chosen_lp = logits
         .get(chosen as usize)
         .map_or(f32::NEG_INFINITY, |&l| lp(l));
-    let top = top.min(logits.len());
-    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit_desc = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    if top > 0 && top < ids.len() {
-        ids.select_nth_unstable_by(top - 1, by_logit_desc);
-        ids.truncate(top);
-    } else {
-        ids.truncate(top);
-    }
-    ids.sort_unstable_by(by_logit_desc);
-    let best = ids
-        .into_iter()
-        .map(|i| (i, lp(logits[i as usize])))
-        .collect();
+    let mut best = Vec::new();
+    top_k(logits, top, &mut best);
+    let best = best.into_iter().map(|(i, l)| (i, lp(l))).collect();
     (chosen_lp, best)
 }
 
@@ -304,6 +460,185 @@ mod tests {
             Just(f32::NAN),
             any::<f32>(),
         ]
+    }
+
+    /// What `Sampler::sample` computed before it filtered: every logit sorted, then top-k,
+    /// top-p, min-p, temperature and the draw over that list.
+    fn sample_by_sorting_everything(c: &SamplerConfig, rng: &mut Pcg32, logits: &[f32]) -> u32 {
+        if c.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        let mut cands: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        if c.top_k > 0 && c.top_k < cands.len() {
+            cands.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
+            cands.truncate(c.top_k);
+        }
+        cands.sort_unstable_by(by_logit_desc);
+        let max = cands[0].1;
+        let mut probs: Vec<f32> = cands.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        let mut keep = cands.len();
+        if c.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, p) in probs.iter().enumerate() {
+                cum += p;
+                if cum >= c.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if c.min_p > 0.0 {
+            let floor = c.min_p * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
+        }
+        cands.truncate(keep);
+        let weights: Vec<f32> = cands
+            .iter()
+            .map(|&(_, l)| ((l - max) / c.temperature).exp())
+            .collect();
+        let total: f32 = weights.iter().sum();
+        let mut r = rng.next_f32() * total;
+        for (&(id, _), w) in cands.iter().zip(&weights) {
+            if r < *w {
+                return id;
+            }
+            r -= w;
+        }
+        cands[cands.len() - 1].0
+    }
+
+    /// `draws` tokens from `logits` by the sampler and by the reference, with one seed.
+    fn both_ways(c: &SamplerConfig, logits: &[f32], draws: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut s = Sampler::new(c.clone());
+        let mut rng = Pcg32::new(c.seed);
+        (0..draws)
+            .map(|_| {
+                (
+                    s.sample(logits, &[]),
+                    sample_by_sorting_everything(c, &mut rng, logits),
+                )
+            })
+            .unzip()
+    }
+
+    /// Sampler settings around the ones clients send, top-k on and off.
+    fn config() -> impl Strategy<Value = SamplerConfig> {
+        (
+            prop_oneof![Just(0.0f32), 0.05f32..3.0],
+            prop_oneof![Just(0usize), 1usize..50, Just(100_000usize)],
+            prop_oneof![Just(1.0f32), 0.0f32..1.0, Just(0.999_999_9)],
+            prop_oneof![Just(0.0f32), 0.0f32..0.5, Just(1e-9), Just(2.0)],
+            any::<u64>(),
+        )
+            .prop_map(|(temperature, top_k, top_p, min_p, seed)| SamplerConfig {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed,
+                ..SamplerConfig::default()
+            })
+    }
+
+    /// Logits with a wide spread (a long tail under the head's cutoff), or from a small set of
+    /// values (ties, zeros, infinities, NaNs).
+    fn logits() -> impl Strategy<Value = Vec<f32>> {
+        prop_oneof![
+            proptest::collection::vec(-40.0f32..40.0, 1..600),
+            proptest::collection::vec(-3.0f32..3.0, 1..600),
+            proptest::collection::vec(logit(), 1..80),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn filtered_draws_equal_draws_from_the_fully_sorted_vocabulary(
+            c in config(),
+            logits in logits(),
+        ) {
+            let (fast, reference) = both_ways(&c, &logits, 4);
+            prop_assert_eq!(fast, reference);
+        }
+
+        #[test]
+        fn top_k_keeps_the_first_k_of_the_sorted_list(
+            logits in logits(),
+            k in 0usize..700,
+        ) {
+            let mut sorted: Vec<(u32, f32)> =
+                logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            sorted.sort_unstable_by(by_logit_desc);
+            sorted.truncate(k);
+            let mut out = Vec::new();
+            top_k(&logits, k, &mut out);
+            prop_assert_eq!(
+                out.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>(),
+                sorted.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn draws_over_a_whole_vocabulary_equal_the_sorted_reference() {
+        // Qwen2.5's vocabulary: a broad band, a few hundred tokens above it, logits rising
+        // through the vocabulary (every block raises top-k's floor) and falling.
+        let vocab = 151_936;
+        let mut x = 1u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let band: Vec<f32> = (0..vocab)
+            .map(|_| {
+                let l = (next() + next() - 1.0) * 8.0;
+                if next() < 0.002 { l + 14.0 } else { l }
+            })
+            .collect();
+        let rising: Vec<f32> = (0..vocab).map(|i| i as f32 * 1e-3).collect();
+        let falling: Vec<f32> = rising.iter().rev().copied().collect();
+        let chat = SamplerConfig {
+            temperature: 0.8,
+            seed: 5,
+            ..SamplerConfig::default()
+        };
+        for logits in [&band, &rising, &falling] {
+            for c in [
+                chat.clone(),
+                SamplerConfig {
+                    top_k: 0,
+                    ..chat.clone()
+                },
+                SamplerConfig {
+                    top_k: 0,
+                    min_p: 0.0,
+                    ..chat.clone()
+                },
+                SamplerConfig {
+                    top_k: 0,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    temperature: 1.5,
+                    ..chat.clone()
+                },
+                SamplerConfig {
+                    top_k: 1000,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    ..chat.clone()
+                },
+            ] {
+                let (fast, reference) = both_ways(&c, logits, 16);
+                assert_eq!(fast, reference, "{c:?}");
+            }
+        }
     }
 
     proptest! {
