@@ -413,9 +413,78 @@ impl Sampler {
 
 /// log Σ exp(logits): what the log-softmax subtracts (computed around the largest logit, summed
 /// in f64).
+///
+/// The largest in 16 partial maxima; the sum in [`PARTITION_SUMS`] partial sums combined
+/// pairwise, of the vectorizable [`crate::math::exp_f64`]: one order in every build, compiled
+/// for AVX-512 and AVX2 where the CPU has them (the same bits: nothing is fused). It took
+/// 0.7 ms over Qwen2.5's 151,936 logits with libm's `exp` in one chain, for every token a
+/// client asks log-probabilities of.
 pub fn log_partition(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (checked just above), all the function enables.
+            return unsafe { log_partition_avx512(logits) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above), all the function enables.
+            return unsafe { log_partition_avx2(logits) };
+        }
+    }
+    log_partition_any(logits)
+}
+
+/// Partial sums of [`log_partition`]: enough independent chains of `exp_f64`'s polynomial
+/// (4 AVX-512 registers) that its latency hides.
+const PARTITION_SUMS: usize = 32;
+
+/// [`log_partition`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn log_partition_avx512(logits: &[f32]) -> f64 {
+    log_partition_any(logits)
+}
+
+/// [`log_partition`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn log_partition_avx2(logits: &[f32]) -> f64 {
+    log_partition_any(logits)
+}
+
+/// The body of [`log_partition`], inlined into each build.
+#[inline(always)]
+fn log_partition_any(logits: &[f32]) -> f64 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut blocks = logits.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (m, &l) in lanes.iter_mut().zip(block) {
+            *m = m.max(l);
+        }
+    }
+    let max = lanes
+        .iter()
+        .chain(blocks.remainder())
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let term = |l: f32| crate::math::exp_f64(f64::from(l - max));
+    let mut sums = [0.0f64; PARTITION_SUMS];
+    let mut blocks = logits.chunks_exact(PARTITION_SUMS);
+    for block in &mut blocks {
+        for (s, &l) in sums.iter_mut().zip(block) {
+            *s += term(l);
+        }
+    }
+    let mut width = PARTITION_SUMS;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            sums[i] += sums[i + width];
+        }
+    }
+    let mut sum = sums[0];
+    for &l in blocks.remainder() {
+        sum += term(l);
+    }
     f64::from(max) + sum.ln()
 }
 
