@@ -59,7 +59,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 pub(crate) fn exp_f64(x: f64) -> f64 {
     const LOG2_E: f64 = std::f64::consts::LOG2_E;
     const LN2_HI: f64 = 6.931_457_519_531_25e-1;
-    const LN2_LO: f64 = 1.428_606_820_309_417_232_1e-6;
+    const LN2_LO: f64 = 1.428_606_820_309_417_3e-6;
     const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52
     let x = x.clamp(-708.39, 710.0);
     let shifted = x * LOG2_E + ROUND;
