@@ -1,7 +1,8 @@
 //! `airs bench batch`: what continuous batching buys. For each concurrency in `--sessions`,
 //! that many requests (distinct prompts of `--prompt-tokens`, optionally starting with a common
 //! `--shared-prefix`) arrive at once at one scheduler and generate `--gen-tokens` each (greedy,
-//! or sampled at `--temperature` with a seed; end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s while all
+//! or sampled at `--temperature` with a seed; with `--logprobs N`, each token's log-probability
+//! and its N most likely alternatives; end-of-generation ignored). Reports, per concurrency, the aggregate decode tokens/s while all
 //! of them decode concurrently (tokens produced between the last request's first token and the
 //! first request's last token, over that interval: the steady state of that many sessions),
 //! the same over the whole span (first request's first token to the last request's last token,
@@ -76,6 +77,10 @@ pub struct BenchBatchArgs {
     /// greedy decoding: what a chat client's requests cost the scheduler between steps.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Ask for every generated token's log-probability and the N most likely alternatives, as
+    /// an evaluation client does.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
     /// Skip serving every request alone for the comparison (profiling the batched runs).
     #[arg(long)]
     pub no_compare: bool,
@@ -160,6 +165,7 @@ fn measure(
             temperature: args.temperature,
             ..SamplerConfig::default()
         },
+        logprobs: args.logprobs,
         ..GenerationParams::default()
     };
     let timelines: Vec<Arc<Mutex<Timeline>>> = (0..n)
@@ -446,6 +452,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
         "temperature": args.temperature,
+        "logprobs": args.logprobs,
         "shared_prefix": args.shared_prefix,
         "step_tokens": args.step_tokens,
         "reps": args.reps,

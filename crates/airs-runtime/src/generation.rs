@@ -2,7 +2,8 @@
 //! position, sample the next token, turn it into text that is final, and decide whether the
 //! choice ends — on an end-of-generation token, a stop string, `max_tokens`, or a full
 //! context. The scheduler drives it once per step for every sequence whose logits the step
-//! produced; nothing else in airs samples.
+//! produced — the draws ([`Generation::draw`], the O(vocab) part) of all of them on the
+//! engine's threads, then the rest in order; nothing else in airs samples.
 //!
 //! Stop strings are matched on the decoded text; text that could still grow into a stop string
 //! is held back until it cannot, so a stop string never reaches the caller. Incomplete UTF-8
@@ -96,6 +97,13 @@ pub(crate) struct Accepted {
     pub finish: Option<(FinishReason, String)>,
 }
 
+/// A token drawn from a position's logits ([`Generation::draw`]), not yet accepted.
+#[derive(Debug)]
+pub(crate) struct Draw {
+    token: u32,
+    logprobs: Option<TokenLogprobs>,
+}
+
 /// One choice's decode state (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Generation {
@@ -130,15 +138,31 @@ impl Generation {
     }
 
     /// Sample the token after `sequence` (every token so far: prompt and generated) from the
-    /// logits of its last position. `context_len` is the most positions the sequence may hold.
-    pub(crate) fn accept(
+    /// logits of its last position, with the log-probabilities if the request asked for them
+    /// (computed even for an end-of-generation token, which then drops them): the part of
+    /// accepting a token that reads the vocabulary's logits. Touches only this choice's
+    /// sampler, so the scheduler runs the draws of a step's sequences on the engine's threads;
+    /// [`Generation::accept_draw`] does the rest.
+    pub(crate) fn draw(&mut self, logits: &[f32], sequence: &[u32]) -> Draw {
+        let token = self.sampler.sample(logits, sequence);
+        let logprobs = self.logprobs.map(|top| {
+            let (logprob, top) = logprobs(logits, token, top);
+            TokenLogprobs { logprob, top }
+        });
+        Draw { token, logprobs }
+    }
+
+    /// Accept the token [`Generation::draw`] drew after a sequence of `sequence_len` tokens:
+    /// end-of-generation, the text it makes final, stop strings, the token limit and the
+    /// context (`context_len`: the most positions the sequence may hold).
+    pub(crate) fn accept_draw(
         &mut self,
         tokenizer: &Tokenizer,
-        logits: &[f32],
-        sequence: &[u32],
+        draw: Draw,
+        sequence_len: usize,
         context_len: usize,
     ) -> Accepted {
-        let next = self.sampler.sample(logits, sequence);
+        let next = draw.token;
         if !self.ignore_eos && tokenizer.is_end_of_generation(TokenId(next)) {
             let tail = self.release_tail();
             return Accepted {
@@ -148,10 +172,7 @@ impl Generation {
                 finish: Some((FinishReason::EndOfGeneration, tail)),
             };
         }
-        let logprobs = self.logprobs.map(|top| {
-            let (logprob, top) = logprobs(logits, next, top);
-            TokenLogprobs { logprob, top }
-        });
+        let logprobs = draw.logprobs;
         self.generated.push(next);
         let piece = self.decoder.push(tokenizer, TokenId(next)).to_owned();
         let (out, hit) = self.stops.push(&piece);
@@ -160,7 +181,7 @@ impl Generation {
             Some((FinishReason::StopString, String::new()))
         } else if self.generated.len() >= self.max_tokens {
             Some((FinishReason::MaxTokens, self.release_tail()))
-        } else if sequence.len() >= context_len {
+        } else if sequence_len >= context_len {
             // The next step would compute this token at position `sequence.len()`, which the
             // context does not have.
             Some((FinishReason::ContextFull, self.release_tail()))

@@ -120,6 +120,49 @@ fn qwen_requests_served_together_equal_each_served_alone() {
     requests_together_equal_alone(&model, &texts, 10);
 }
 
+/// Sampled requests asking for log-probabilities, served together (their draws made on the
+/// engine's threads, several a step) and each alone: the same tokens and the same
+/// log-probabilities, bit for bit.
+#[test]
+fn sampled_requests_with_log_probabilities_together_equal_each_alone() {
+    // Two threads: the draws of a step are split between them.
+    let model = Arc::new(LoadedModel::open(&airs_testdata::stories_path(), 2).unwrap());
+    let make = |i: usize| {
+        let params = GenerationParams {
+            logprobs: Some(3),
+            sampler: SamplerConfig {
+                temperature: 0.9,
+                seed: 11 + i as u64,
+                ..SamplerConfig::default()
+            },
+            ..greedy(20)
+        };
+        Request::generate(Prompt::Text(STORIES[i].into()), params)
+    };
+    let events = |c: &Collected| -> Vec<String> {
+        c.tokens
+            .iter()
+            .map(|t| format!("{:?} {:?}", t.id, t.logprobs))
+            .collect()
+    };
+    let want: Vec<Vec<String>> = (0..STORIES.len())
+        .map(|i| events(&alone(&model, make(i))))
+        .collect();
+    let mut s = scheduler(&model, 64 << 20, 8);
+    let got = together(
+        &mut s,
+        (0..STORIES.len())
+            .map(|i| (i as u64 % 2, make(i)))
+            .collect(),
+    );
+    for (i, c) in got.iter().enumerate() {
+        assert!(c.error.is_none(), "request {i}: {:?}", c.error);
+        assert_eq!(events(c).len(), 20);
+        assert_eq!(events(c), want[i], "request {i} differs from alone");
+    }
+    assert!(s.stats().peak_batch >= 4, "{:?}", s.stats());
+}
+
 /// Four requests with a 593-token common prefix arriving at the same moment: the first
 /// computes the prefix; the others wait for its blocks instead of computing them again.
 #[test]
