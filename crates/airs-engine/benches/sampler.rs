@@ -1,7 +1,7 @@
 //! Drawing one token from a vocabulary's logits, single thread, in µs per draw: greedy, the
 //! defaults a chat client gets (temperature 0.8 with top-k 40, top-p 0.95, min-p 0.05), the
-//! same with a repetition penalty over 64 tokens of history, and top-k off (top-p over the
-//! whole vocabulary); and the log-probabilities a client may ask for with each token (the
+//! same with a repetition penalty over 64 tokens of history, top-k off (top-p over the
+//! whole vocabulary), and every filter off (the draw walks the whole sorted vocabulary); and the log-probabilities a client may ask for with each token (the
 //! chosen token's and the top 5). Vocabularies of the real files: Llama 2 (32,000), Qwen2.5 (151,936) and
 //! Gemma 3 (262,144).
 //!
@@ -64,6 +64,15 @@ fn main() {
             "top-p only",
             SamplerConfig {
                 top_k: 0,
+                min_p: 0.0,
+                ..chat.clone()
+            },
+        ),
+        (
+            "temperature only",
+            SamplerConfig {
+                top_k: 0,
+                top_p: 1.0,
                 min_p: 0.0,
                 ..chat.clone()
             },
