@@ -261,11 +261,14 @@ fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
 const NEGLIGIBLE: f32 = -17.5;
 
 /// Into `out`, sorted in [`by_logit_desc`] order, the candidates whose logit is within
-/// [`NEGLIGIBLE`] of the largest: the head of the full sorted list, the rest of which can only
-/// matter to the draw if top-p or min-p keeps it ([`kept`] says). False when a logit is a NaN
-/// or the largest is infinite, whose softmax only the full list computes as written. Cost: two
-/// passes over the logits, and a sort of the head (typically a few hundred tokens).
-fn head(logits: &[f32], out: &mut Vec<(u32, f32)>) -> bool {
+/// `−cutoff` of the largest (`cutoff` at most [`NEGLIGIBLE`]): the head of the full sorted
+/// list, the rest of which can only matter to the draw if top-p or min-p keeps it ([`kept`]
+/// says), or the draw's walk runs past the head ([`walk`]). False when a logit is a NaN or the
+/// largest is infinite, whose softmax only the full list computes as written. Cost: two passes
+/// over the logits, and a sort of the head (49 tokens at the median position of real Qwen2.5
+/// logits; nearly the whole vocabulary where the distribution is flat).
+fn head(logits: &[f32], cutoff: f32, out: &mut Vec<(u32, f32)>) -> bool {
+    debug_assert!(cutoff <= NEGLIGIBLE);
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut nan = false;
     let mut blocks = logits.chunks_exact(LANES);
@@ -290,7 +293,7 @@ fn head(logits: &[f32], out: &mut Vec<(u32, f32)>) -> bool {
     let mut first = 0;
     let take = |block: &[f32], first: usize, out: &mut Vec<(u32, f32)>| {
         for (i, &l) in block.iter().enumerate() {
-            if l - max >= NEGLIGIBLE {
+            if l - max >= cutoff {
                 out.push(((first + i) as u32, l));
             }
         }
@@ -298,7 +301,7 @@ fn head(logits: &[f32], out: &mut Vec<(u32, f32)>) -> bool {
     for block in &mut blocks {
         if block
             .iter()
-            .fold(false, |any, &l| any | (l - max >= NEGLIGIBLE))
+            .fold(false, |any, &l| any | (l - max >= cutoff))
         {
             take(block, first, out);
         }
@@ -309,14 +312,26 @@ fn head(logits: &[f32], out: &mut Vec<(u32, f32)>) -> bool {
     true
 }
 
+/// Where top-p and min-p cut a sorted candidate list ([`kept`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Cut {
+    /// The first `n` candidates.
+    Keep(usize),
+    /// Every candidate: a head's tail included.
+    All,
+    /// Somewhere in a head's tail: only the whole list says.
+    Unknown,
+}
+
 /// How many of `cands` (sorted in [`by_logit_desc`] order) top-p and min-p keep, as llama.cpp's
 /// chain computes it: a softmax over the candidates (relative to the first, summed in order),
 /// the shortest prefix whose probability reaches `top_p`, cut again before the first
 /// probability under `min_p` × the largest. With `whole` false, `cands` is only the [`head`]
-/// of the candidates, and the answer is `None` unless the cut falls inside it — the bits are
-/// then those of the whole list: the tail leaves the softmax's sum, the cumulative sum and the
-/// min-p test as they were.
-fn kept(cands: &[(u32, f32)], c: &SamplerConfig, whole: bool) -> Option<usize> {
+/// of the candidates, and the answer is [`Cut::Keep`] only where the cut falls inside it — the
+/// bits are then those of the whole list: the tail leaves the softmax's sum, the cumulative
+/// sum and the min-p test as they were. With `whole`, never [`Cut::Unknown`], and
+/// [`Cut::All`] is `Keep(cands.len())`.
+fn kept(cands: &[(u32, f32)], c: &SamplerConfig, whole: bool) -> Cut {
     let max = cands[0].1;
     let mut probs: Vec<f32> = cands.iter().map(|&(_, l)| (l - max).exp()).collect();
     let sum: f32 = probs.iter().sum();
@@ -335,7 +350,7 @@ fn kept(cands: &[(u32, f32)], c: &SamplerConfig, whole: bool) -> Option<usize> {
         if keep.is_none() && !whole && cum < 0.5 {
             // The tail's probabilities might still move this sum (never seen: the head holds
             // nearly all the mass).
-            return None;
+            return Cut::Unknown;
         }
     }
     if c.min_p > 0.0 {
@@ -345,15 +360,43 @@ fn kept(cands: &[(u32, f32)], c: &SamplerConfig, whole: bool) -> Option<usize> {
         // once if the floor is above them; else the count goes on, which matters only if
         // top-p did not cut first.
         if !whole && count == probs.len() && floor < 2f32.powi(-25) {
-            return keep.filter(|&n| n <= count);
+            return match keep {
+                Some(n) if n <= count => Cut::Keep(n),
+                _ => Cut::Unknown,
+            };
         }
         keep = Some(keep.unwrap_or(cands.len()).min(count.max(1)));
     }
     match keep {
-        Some(n) => Some(n),
-        None if whole => Some(cands.len()),
-        None => None,
+        Some(n) => Cut::Keep(n),
+        None if whole => Cut::Keep(cands.len()),
+        None => Cut::All,
     }
+}
+
+/// The draw over the kept candidates `cands` (sorted) at `temperature`, for the uniform draw
+/// `u` in [0, 1): a walk down the list subtracting each candidate's weight
+/// `exp((l − max) / temperature)` from `u × Σ weights` (summed in order) until it falls below
+/// one (the last candidate if rounding carries it past every one). With `whole` false,
+/// `cands` is a [`head`] whose tail's weights each fall under 2⁻²⁵ (their logits more than
+/// 17.5 × max(temperature, 1) below the largest), so the sum is the whole list's; `None` if the
+/// walk runs past the head, where only the whole list says what it meets.
+#[inline(always)]
+fn walk(cands: &[(u32, f32)], temperature: f32, u: f32, whole: bool) -> Option<u32> {
+    let max = cands[0].1;
+    let weights: Vec<f32> = cands
+        .iter()
+        .map(|&(_, l)| ((l - max) / temperature).exp())
+        .collect();
+    let total: f32 = weights.iter().sum();
+    let mut r = u * total;
+    for (&(id, _), w) in cands.iter().zip(&weights) {
+        if r < *w {
+            return Some(id);
+        }
+        r -= w;
+    }
+    whole.then(|| cands[cands.len() - 1].0)
 }
 
 impl Sampler {
@@ -374,10 +417,11 @@ impl Sampler {
     /// Choose the next token from `logits`, given the tokens so far (for the penalty).
     ///
     /// The candidates are found without sorting the vocabulary: top-k by one filtering pass
-    /// ([`top_k`]); with top-k off, the head of the sorted list that the softmax can see
-    /// ([`head`]), unless top-p and min-p keep more of it than that. Either way the kept
-    /// candidates, their order and the draw are those of sorting every logit (tested against
-    /// that reference).
+    /// ([`top_k`]); with top-k off, the head of the sorted list that the softmax and the
+    /// draw's weights can see ([`head`]), unless top-p and min-p cut past it or the draw walks
+    /// past it (about one draw in 2^24, when the uniform draw is within rounding of 1). Either
+    /// way the kept candidates, their order and the draw are those of sorting every logit
+    /// (tested against that reference).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let Sampler {
             config: c,
@@ -416,34 +460,36 @@ impl Sampler {
             return argmax(logits);
         }
 
-        let keep = if c.top_k > 0 && c.top_k < logits.len() {
+        let cut = if c.top_k > 0 && c.top_k < logits.len() {
             top_k(logits, c.top_k, cands);
             kept(cands, c, true)
+        } else if head(logits, NEGLIGIBLE * c.temperature.max(1.0), cands) {
+            kept(cands, c, false)
         } else {
-            head(logits, cands).then(|| kept(cands, c, false)).flatten()
+            Cut::Unknown
         };
-        let keep = keep.unwrap_or_else(|| {
-            cands.clear();
-            cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-            sort_by_logit_desc(cands);
-            kept(cands, c, true).expect("the whole list decides")
-        });
-        cands.truncate(keep);
-        // Temperature, then draw.
-        let max = cands[0].1;
-        let weights: Vec<f32> = cands
-            .iter()
-            .map(|&(_, l)| ((l - max) / c.temperature).exp())
-            .collect();
-        let total: f32 = weights.iter().sum();
-        let mut r = rng.next_f32() * total;
-        for (&(id, _), w) in cands.iter().zip(&weights) {
-            if r < *w {
-                return id;
+        let u = rng.next_f32();
+        match cut {
+            Cut::Keep(n) => {
+                cands.truncate(n);
+                return walk(cands, c.temperature, u, true).expect("a whole list's draw");
             }
-            r -= w;
+            Cut::All => {
+                if let Some(id) = walk(cands, c.temperature, u, false) {
+                    return id;
+                }
+            }
+            Cut::Unknown => {}
         }
-        cands[cands.len() - 1].0
+        // The whole vocabulary, sorted.
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        sort_by_logit_desc(cands);
+        let Cut::Keep(n) = kept(cands, c, true) else {
+            unreachable!("the whole list decides")
+        };
+        cands.truncate(n);
+        walk(cands, c.temperature, u, true).expect("a whole list's draw")
     }
 }
 
@@ -707,6 +753,15 @@ mod tests {
                 sorted.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn a_walk_past_the_head_is_left_to_the_whole_list() {
+        // u × total = 1 is not below the one weight 1, so the walk runs off the list's end.
+        let head = [(3, 0.5f32)];
+        assert_eq!(walk(&head, 1.0, 1.0, false), None);
+        assert_eq!(walk(&head, 1.0, 1.0, true), Some(3));
+        assert_eq!(walk(&head, 1.0, 0.5, false), Some(3));
     }
 
     #[test]
