@@ -42,11 +42,15 @@ pub struct Submission {
 }
 
 impl Submission {
-    pub fn start(served: Arc<Served>, request: Request) -> Submission {
+    /// Submit `request` to `served`'s engine. The submission tokenizes the prompt (milliseconds
+    /// for a long one), so it runs on the blocking pool, not on an async worker.
+    pub async fn start(served: Arc<Served>, request: Request) -> Submission {
         let (tx, rx) = mpsc::unbounded_channel();
-        let id = served
-            .service
-            .submit(request, Box::new(move |e| tx.send(e).is_ok()));
+        let service = Arc::clone(&served);
+        let sink: airs_runtime::Sink = Box::new(move |e| tx.send(e).is_ok());
+        let id = tokio::task::spawn_blocking(move || service.service.submit(request, sink))
+            .await
+            .expect("submitting a request does not panic");
         Submission {
             served,
             id,
@@ -207,7 +211,7 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     let model_id = served.spec.id.clone();
     let model = Arc::clone(&served.model);
-    let mut sub = Submission::start(served, request);
+    let mut sub = Submission::start(served, request).await;
     let (prompt_tokens, cached_tokens) = sub.admitted().await?;
     let id = response_id(match shape {
         Shape::Chat => "chatcmpl",
@@ -466,10 +470,10 @@ pub async fn embeddings(
         };
         let (requests, base64) = openai::embedding_requests(&req)?;
         // Every input at once: the scheduler batches them.
-        let mut subs: Vec<Submission> = requests
-            .into_iter()
-            .map(|r| Submission::start(Arc::clone(&served), r))
-            .collect();
+        let mut subs: Vec<Submission> = Vec::with_capacity(requests.len());
+        for r in requests {
+            subs.push(Submission::start(Arc::clone(&served), r).await);
+        }
         let mut data = Vec::with_capacity(subs.len());
         let mut prompt_tokens = 0;
         for (i, sub) in subs.iter_mut().enumerate() {
