@@ -283,22 +283,6 @@ fn round_f16_scaled<const X86_SIMD: bool>(x: &mut [f32], scale: f32) {
     }
 }
 
-/// The largest value of `x` (NaN ignored), in 16 interleaved partial maxima so that every build
-/// vectorizes it: a maximum is exact, so any grouping gives the same value (a fold's dependent
-/// `max` chain cost several cycles per score).
-#[inline(always)]
-fn max_f32(x: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v);
-        }
-    }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    chunks.remainder().iter().fold(max, |m, &v| m.max(v))
-}
-
 /// Σ x as f64, in four interleaved partial sums (independent dependency chains), combined
 /// pairwise: one fixed order in every build.
 #[inline(always)]
@@ -1179,7 +1163,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     prefetch_first_runs(runs, |i| run(i).v);
     for (h, s) in scores.chunks_exact_mut(n_ctx).enumerate() {
         let s = &mut s[..row_len(h)];
-        let max = max_f32(s);
+        let (max, _) = crate::math::largest(s);
         for x in s.iter_mut() {
             *x = crate::math::exp(*x - max);
         }

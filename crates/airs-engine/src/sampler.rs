@@ -13,7 +13,7 @@
 //! Cost: O(vocab) per token, plus O(k log k) for the kept candidates: the candidates are found
 //! by filtering passes that compare 16 logits at a time, never by sorting the vocabulary
 //! (which took 0.4 ms a draw with top-k 40 over Qwen2.5's 151,936 logits, 4.5 ms with top-k
-//! off, in every decode step for every sampled sequence; now 16 and 220 µs, `cargo bench -p
+//! off, in every decode step for every sampled sequence; now 16 and 184 µs, `cargo bench -p
 //! airs-engine --bench sampler`), with the draws of the sort (tested against it).
 
 /// Sampling parameters.
@@ -269,20 +269,7 @@ const NEGLIGIBLE: f32 = -17.5;
 /// logits; nearly the whole vocabulary where the distribution is flat).
 fn head(logits: &[f32], cutoff: f32, out: &mut Vec<(u32, f32)>) -> bool {
     debug_assert!(cutoff <= NEGLIGIBLE);
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut nan = false;
-    let mut blocks = logits.chunks_exact(LANES);
-    for block in &mut blocks {
-        for (m, &l) in lanes.iter_mut().zip(block) {
-            nan |= l.is_nan();
-            *m = if l > *m { l } else { *m };
-        }
-    }
-    let mut max = f32::NEG_INFINITY;
-    for &l in lanes.iter().chain(blocks.remainder()) {
-        nan |= l.is_nan();
-        max = if l > max { l } else { max };
-    }
+    let (max, nan) = crate::math::largest(logits);
     if nan || !max.is_finite() {
         return false;
     }
@@ -496,7 +483,7 @@ impl Sampler {
 /// log Σ exp(logits): what the log-softmax subtracts (computed around the largest logit, summed
 /// in f64).
 ///
-/// The largest in 16 partial maxima; the sum in [`PARTITION_SUMS`] partial sums combined
+/// The largest by [`crate::math::largest`]; the sum in [`PARTITION_SUMS`] partial sums combined
 /// pairwise, of the vectorizable [`crate::math::exp_f64`]: one order in every build, compiled
 /// for AVX-512 and AVX2 where the CPU has them (the same bits: nothing is fused). It took
 /// 0.7 ms over Qwen2.5's 151,936 logits with libm's `exp` in one chain, for every token a
@@ -537,17 +524,7 @@ fn log_partition_avx2(logits: &[f32]) -> f64 {
 /// The body of [`log_partition`], inlined into each build.
 #[inline(always)]
 fn log_partition_any(logits: &[f32]) -> f64 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut blocks = logits.chunks_exact(LANES);
-    for block in &mut blocks {
-        for (m, &l) in lanes.iter_mut().zip(block) {
-            *m = m.max(l);
-        }
-    }
-    let max = lanes
-        .iter()
-        .chain(blocks.remainder())
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let (max, _) = crate::math::largest(logits);
     let term = |l: f32| crate::math::exp_f64(f64::from(l - max));
     let mut sums = [0.0f64; PARTITION_SUMS];
     let mut blocks = logits.chunks_exact(PARTITION_SUMS);

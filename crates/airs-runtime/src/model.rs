@@ -42,6 +42,7 @@ use airs_tokenizer::chat::{ChatMessage, ChatTemplate, TemplateSource};
 use airs_tokenizer::{EncodeOptions, TokenId, Tokenizer};
 
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
+use crate::request::Prompt;
 use crate::store::Role;
 
 /// The embedded default model: stories260K (MIT, see `models/LICENSE-stories260K.txt`), 1 MB,
@@ -330,6 +331,16 @@ impl LoadedModel {
         }
         let after_load_start = region.loader().fully_resident_after()?;
         Some(load_started.duration_since(self.opened_at) + after_load_start)
+    }
+
+    /// The token ids of a request's prompt: a text as [`LoadedModel::encode_prompt`], a
+    /// conversation as [`LoadedModel::encode_chat`], ids as they are.
+    pub fn prompt_tokens(&self, prompt: Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Text(text) => Ok(self.encode_prompt(&text)),
+            Prompt::Tokens(ids) => Ok(ids),
+            Prompt::Chat(messages) => self.encode_chat(&messages),
+        }
     }
 
     /// The token ids of a raw completion prompt: BOS as the model wants it, special tokens

@@ -669,11 +669,7 @@ impl Scheduler {
                 (Vec::new(), Some(state))
             }
             None => {
-                let tokens = match prompt {
-                    Prompt::Text(t) => self.model.encode_prompt(&t),
-                    Prompt::Tokens(t) => t,
-                    Prompt::Chat(m) => self.model.encode_chat(&m)?,
-                };
+                let tokens = self.model.prompt_tokens(prompt)?;
                 let vocab = self.model.model.config.vocab_len;
                 if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
                     return Err(RuntimeError::invalid(format!(

@@ -140,12 +140,8 @@ impl Service {
     pub fn submit(&self, mut request: Request, mut sink: Sink) -> RequestId {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         if request.session.is_none() {
-            let tokens = match &request.prompt {
-                Prompt::Text(text) => Ok(self.model.encode_prompt(text)),
-                Prompt::Chat(messages) => self.model.encode_chat(messages),
-                Prompt::Tokens(_) => return self.send(id, request, sink),
-            };
-            match tokens {
+            let prompt = std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new()));
+            match self.model.prompt_tokens(prompt) {
                 Ok(tokens) => request.prompt = Prompt::Tokens(tokens),
                 Err(e) => {
                     let _ = sink(Event::Failed(e));
@@ -153,11 +149,6 @@ impl Service {
                 }
             }
         }
-        self.send(id, request, sink)
-    }
-
-    /// Send `request` to the engine thread as request `id`.
-    fn send(&self, id: RequestId, request: Request, sink: Sink) -> RequestId {
         if let Err(mpsc::SendError(Command::Submit(_, _, mut sink))) = self
             .commands
             .send(Command::Submit(id, Box::new(request), sink))
