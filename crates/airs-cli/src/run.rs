@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use airs_engine::{KvType, SamplerConfig};
 use airs_runtime::fit::{peak_rss_bytes, single_sequence_config};
 use airs_runtime::{
-    ChoiceEnd, Completion, Event, FinishReason, GenerationParams, Prompt, Request, Scheduler,
+    ChoiceEnd, Completion, Event, FinishReason, GenerationParams, OutputFormat, Prompt, Request,
+    Scheduler,
 };
 use airs_tokenizer::chat::ChatMessage;
 use anyhow::Context;
@@ -80,6 +81,37 @@ pub struct SamplingArgs {
     /// Stop when the text contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Add BIAS to token ID's logit before sampling, as ID=BIAS (repeatable; BIAS `-inf`
+    /// bans the token).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The shape of the output: any text, or one JSON object (generation ends when it closes).
+    #[arg(long, value_enum, default_value_t = FormatArg::Text)]
+    pub format: FormatArg,
+}
+
+/// `--logit-bias ID=BIAS`.
+fn parse_logit_bias(arg: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=BIAS, not {arg:?}"))?;
+    let id = id
+        .parse()
+        .map_err(|_| format!("the token id must be a number, not {id:?}"))?;
+    let bias: f32 = bias
+        .parse()
+        .map_err(|_| format!("the bias must be a number or -inf, not {bias:?}"))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!("the bias must be finite or -inf, not {bias}"));
+    }
+    Ok((id, bias))
+}
+
+/// `--format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum FormatArg {
+    Text,
+    JsonObject,
 }
 
 impl SamplingArgs {
@@ -96,11 +128,16 @@ impl SamplingArgs {
                 presence_penalty: self.presence_penalty,
                 frequency_penalty: self.frequency_penalty,
                 seed: self.seed,
+                logit_bias: self.logit_bias.clone(),
                 ..SamplerConfig::default()
             },
             logprobs: None,
             n: 1,
             ignore_eos: false,
+            format: match self.format {
+                FormatArg::Text => OutputFormat::Text,
+                FormatArg::JsonObject => OutputFormat::JsonObject,
+            },
         }
     }
 }

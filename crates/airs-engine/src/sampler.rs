@@ -35,6 +35,9 @@ pub struct SamplerConfig {
     pub frequency_penalty: f32,
     /// Subtract `presence_penalty` from the logit of each recently seen token (0 = off).
     pub presence_penalty: f32,
+    /// Added to the logits of these tokens before the penalties, as llama.cpp's logit-bias
+    /// sampler (OpenAI's `logit_bias`); −∞ bans a token.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -49,6 +52,7 @@ impl Default for SamplerConfig {
             repeat_last_n: 64,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -417,26 +421,34 @@ impl Sampler {
             penalized,
         } = self;
         let penalize = c.penalizes();
-        if c.temperature <= 0.0 && !penalize {
+        let adjust = penalize || !c.logit_bias.is_empty();
+        if c.temperature <= 0.0 && !adjust {
             return argmax(logits);
         }
-        let logits = if penalize {
+        let logits = if adjust {
             penalized.clear();
             penalized.extend_from_slice(logits);
-            let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
-            let mut counts: std::collections::HashMap<u32, u32> =
-                std::collections::HashMap::with_capacity(recent.len());
-            for &t in recent {
-                *counts.entry(t).or_default() += 1;
-            }
-            for (&t, &count) in &counts {
+            for &(t, bias) in &c.logit_bias {
                 if let Some(l) = penalized.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
-                        *l / c.repeat_penalty
-                    } else {
-                        *l * c.repeat_penalty
-                    };
-                    *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
+                    *l += bias;
+                }
+            }
+            if penalize {
+                let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
+                let mut counts: std::collections::HashMap<u32, u32> =
+                    std::collections::HashMap::with_capacity(recent.len());
+                for &t in recent {
+                    *counts.entry(t).or_default() += 1;
+                }
+                for (&t, &count) in &counts {
+                    if let Some(l) = penalized.get_mut(t as usize) {
+                        *l = if *l > 0.0 {
+                            *l / c.repeat_penalty
+                        } else {
+                            *l * c.repeat_penalty
+                        };
+                        *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
+                    }
                 }
             }
             &penalized[..]
@@ -938,5 +950,44 @@ mod tests {
         });
         assert_eq!(s.sample(&logits, &[0]), 1);
         assert_eq!(s.sample(&logits, &[]), 0);
+    }
+
+    #[test]
+    fn logit_bias_moves_greedy_and_sampled_draws_and_minus_infinity_bans() {
+        let logits = [2.0, 1.9, -1.0, 0.5];
+        let greedy = |bias: Vec<(u32, f32)>| {
+            Sampler::new(SamplerConfig {
+                logit_bias: bias,
+                ..SamplerConfig::default()
+            })
+            .sample(&logits, &[])
+        };
+        assert_eq!(greedy(vec![]), 0);
+        assert_eq!(greedy(vec![(1, 0.2)]), 1);
+        assert_eq!(
+            greedy(vec![(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)]),
+            3
+        );
+        assert_eq!(greedy(vec![(2, 100.0), (99, 5.0)]), 2);
+        // Applied before the penalties: (2.0 - 2.5) · 2 = -1.0 > -1.2 (penalty first would
+        // give 2.0 / 2 - 2.5 = -1.5).
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(0, -2.5)],
+            repeat_penalty: 2.0,
+            ..SamplerConfig::default()
+        });
+        assert_eq!(s.sample(&[2.0, -1.2, -5.0], &[0]), 0);
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            logit_bias: vec![(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)],
+            seed: 3,
+            ..SamplerConfig::default()
+        });
+        for _ in 0..1000 {
+            assert!(matches!(s.sample(&logits, &[]), 2 | 3));
+        }
     }
 }

@@ -5,6 +5,9 @@
 //! produced — the draws ([`Generation::draw`], the O(vocab) part) of all of them on the
 //! engine's threads, then the rest in order; nothing else in airs samples.
 //!
+//! A request for JSON ([`crate::request::OutputFormat::JsonObject`]) draws only tokens that
+//! continue a JSON object and ends when the object closes ([`crate::constraint`]).
+//!
 //! Stop strings are matched on the decoded text; text that could still grow into a stop string
 //! is held back until it cannot, so a stop string never reaches the caller. Incomplete UTF-8
 //! characters are held back by the streaming decoder. What is still held when the choice ends
@@ -18,7 +21,9 @@ use airs_engine::Sampler;
 use airs_engine::sampler::logprobs;
 use airs_tokenizer::{StreamDecoder, TokenId, Tokenizer};
 
-use crate::request::{FinishReason, GenerationParams, TokenLogprobs};
+use crate::constraint::JsonConstraint;
+use crate::model::LoadedModel;
+use crate::request::{FinishReason, GenerationParams, OutputFormat, TokenLogprobs};
 
 /// Holds back streamed text that might be the start of a stop string.
 #[derive(Debug)]
@@ -102,6 +107,8 @@ pub(crate) struct Accepted {
 pub(crate) struct Draw {
     token: u32,
     logprobs: Option<TokenLogprobs>,
+    /// The output format's constraint allowed no token at all (the choice ends).
+    blocked: bool,
 }
 
 /// One choice's decode state (see the module documentation).
@@ -113,12 +120,14 @@ pub(crate) struct Generation {
     max_tokens: usize,
     logprobs: Option<usize>,
     ignore_eos: bool,
+    json: Option<JsonConstraint>,
     pub generated: Vec<u32>,
 }
 
 impl Generation {
-    /// Choice `choice` of a request with `params` (its sampler seed offset by `choice`).
-    pub(crate) fn new(params: &GenerationParams, choice: usize) -> Generation {
+    /// Choice `choice` of a request with `params` (its sampler seed offset by `choice`) to
+    /// `model`.
+    pub(crate) fn new(params: &GenerationParams, choice: usize, model: &LoadedModel) -> Generation {
         let mut sampler = params.sampler.clone();
         sampler.seed = sampler.seed.wrapping_add(choice as u64);
         Generation {
@@ -128,6 +137,10 @@ impl Generation {
             max_tokens: params.max_tokens,
             logprobs: params.logprobs,
             ignore_eos: params.ignore_eos,
+            json: match params.format {
+                OutputFormat::Text => None,
+                OutputFormat::JsonObject => Some(JsonConstraint::new(model.vocab_bytes())),
+            },
             generated: Vec::new(),
         }
     }
@@ -142,14 +155,29 @@ impl Generation {
     /// (computed even for an end-of-generation token, which then drops them): the part of
     /// accepting a token that reads the vocabulary's logits. Touches only this choice's
     /// sampler, so the scheduler runs the draws of a step's sequences on the engine's threads;
-    /// [`Generation::accept_draw`] does the rest.
+    /// [`Generation::accept_draw`] does the rest. Under an output format's constraint a token it
+    /// does not allow is drawn again from the allowed ones ([`crate::constraint`]); the
+    /// log-probabilities are the model's, before the constraint.
     pub(crate) fn draw(&mut self, logits: &[f32], sequence: &[u32]) -> Draw {
-        let token = self.sampler.sample(logits, sequence);
+        let mut token = self.sampler.sample(logits, sequence);
+        let mut blocked = false;
+        if let Some(json) = &mut self.json
+            && !json.allows(token)
+        {
+            match json.mask(logits) {
+                Some(allowed) => token = self.sampler.sample(allowed, sequence),
+                None => blocked = true,
+            }
+        }
         let logprobs = self.logprobs.map(|top| {
             let (logprob, top) = logprobs(logits, token, top);
             TokenLogprobs { logprob, top }
         });
-        Draw { token, logprobs }
+        Draw {
+            token,
+            logprobs,
+            blocked,
+        }
     }
 
     /// Accept the token [`Generation::draw`] drew after a sequence of `sequence_len` tokens:
@@ -163,7 +191,7 @@ impl Generation {
         context_len: usize,
     ) -> Accepted {
         let next = draw.token;
-        if !self.ignore_eos && tokenizer.is_end_of_generation(TokenId(next)) {
+        if draw.blocked || !self.ignore_eos && tokenizer.is_end_of_generation(TokenId(next)) {
             let tail = self.release_tail();
             return Accepted {
                 token: None,
@@ -174,11 +202,15 @@ impl Generation {
         }
         let logprobs = draw.logprobs;
         self.generated.push(next);
+        let complete = self.json.as_mut().is_some_and(|json| json.accept(next));
         let piece = self.decoder.push(tokenizer, TokenId(next)).to_owned();
         let (out, hit) = self.stops.push(&piece);
         let text = out.to_owned();
         let finish = if hit {
             Some((FinishReason::StopString, String::new()))
+        } else if complete {
+            // The JSON object closed: nothing may follow it.
+            Some((FinishReason::EndOfGeneration, self.release_tail()))
         } else if self.generated.len() >= self.max_tokens {
             Some((FinishReason::MaxTokens, self.release_tail()))
         } else if sequence_len >= context_len {

@@ -30,11 +30,13 @@
 //! tables, `CachePriority`, eviction order) as the design README reads it, and the serving
 //! layout of `shared/design/layout.md`. Cost: see each module.
 
+pub mod constraint;
 pub mod error;
 pub mod fit;
 pub(crate) mod generation;
 pub mod idle;
 pub mod invariants;
+pub mod json_syntax;
 pub mod metrics;
 pub mod model;
 pub mod perplexity;
@@ -51,8 +53,8 @@ pub use idle::{Clock, ManualClock, SystemClock, damon_available};
 pub use metrics::{Histogram, PerPriority, SchedulerStats};
 pub use model::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, ModelBytes, Weights};
 pub use request::{
-    ChoiceEnd, Completion, Embedding, Event, FinishReason, GenerationParams, Prompt, Request,
-    RequestId, SessionTurn, Task, TokenEvent, TokenLogprobs, Usage,
+    ChoiceEnd, Completion, Embedding, Event, FinishReason, GenerationParams, OutputFormat, Prompt,
+    Request, RequestId, SessionTurn, Task, TokenEvent, TokenLogprobs, Usage,
 };
 pub use scheduler::{
     Collected, PoolMap, Scheduler, SchedulerConfig, SchedulerEvent, SeqId, SeqSummary,

@@ -27,7 +27,7 @@
 //! conversation.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use airs_engine::footprint::ModelShape;
@@ -41,6 +41,7 @@ use airs_memory::{
 use airs_tokenizer::chat::{ChatMessage, ChatTemplate, TemplateSource};
 use airs_tokenizer::{EncodeOptions, TokenId, Tokenizer};
 
+use crate::constraint::VocabBytes;
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 use crate::request::Prompt;
 use crate::store::Role;
@@ -92,6 +93,8 @@ pub struct LoadedModel {
     /// The weights' charge when no region carries it (embedded or mapped images); a region
     /// loaded through a registry carries its own, held by the image's session on it.
     _weights_charge: Option<PoolCharge>,
+    /// Every token's bytes, built on the first request constrained to an output format.
+    vocab_bytes: OnceLock<Arc<VocabBytes>>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -244,6 +247,7 @@ impl LoadedModel {
             opened_at,
             pool,
             _weights_charge: charge,
+            vocab_bytes: OnceLock::new(),
         })
     }
 
@@ -331,6 +335,16 @@ impl LoadedModel {
         }
         let after_load_start = region.loader().fully_resident_after()?;
         Some(load_started.duration_since(self.opened_at) + after_load_start)
+    }
+
+    /// Every token's bytes, for generation constrained to an output format
+    /// ([`crate::constraint`]): built on the first call (a pass over the vocabulary), shared
+    /// after.
+    pub fn vocab_bytes(&self) -> Arc<VocabBytes> {
+        Arc::clone(
+            self.vocab_bytes
+                .get_or_init(|| Arc::new(VocabBytes::new(&self.tokenizer))),
+        )
     }
 
     /// The token ids of a request's prompt: a text as [`LoadedModel::encode_prompt`], a

@@ -62,6 +62,19 @@ pub struct GenerationParams {
     pub n: usize,
     /// Keep generating through end-of-generation tokens (benchmarks: always `max_tokens`).
     pub ignore_eos: bool,
+    /// The shape the generated text must have.
+    pub format: OutputFormat,
+}
+
+/// The shape generated text must have.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Any text.
+    #[default]
+    Text,
+    /// One JSON object, and the choice ends when it closes ([`crate::constraint`]; OpenAI's
+    /// `response_format: {"type": "json_object"}`).
+    JsonObject,
 }
 
 impl Default for GenerationParams {
@@ -73,6 +86,7 @@ impl Default for GenerationParams {
             logprobs: None,
             n: 1,
             ignore_eos: false,
+            format: OutputFormat::Text,
         }
     }
 }

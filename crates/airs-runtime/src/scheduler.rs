@@ -710,7 +710,7 @@ impl Scheduler {
         };
         self.next_request = self.next_request.max(id.0 + 1);
         let generation = match &task {
-            Task::Generate(p) => Some(Generation::new(p, 0)),
+            Task::Generate(p) => Some(Generation::new(p, 0, &self.model)),
             Task::Embed => None,
         };
         let prompt_len = tokens.len();
@@ -1376,7 +1376,7 @@ impl Scheduler {
             Task::Generate(p) => {
                 let mut p = p.clone();
                 p.sampler.seed = crate::store::turn_seed(p.sampler.seed, turn_no);
-                Some(Generation::new(&p, 0))
+                Some(Generation::new(&p, 0, &self.model))
             }
             Task::Embed => None,
         };
@@ -1755,6 +1755,7 @@ impl Scheduler {
             let step = self.step_no;
             let arrival = self.next_arrival;
             self.next_arrival += 1;
+            let generation = Generation::new(&params, choice, &self.model);
             let leader = self.seq_mut(id);
             let kv = leader.kv.as_mut().expect("running").fork();
             let seq = Seq {
@@ -1765,7 +1766,7 @@ impl Scheduler {
                 tokens: leader.tokens.clone(),
                 prompt_len: leader.prompt_len,
                 kv: Some(kv),
-                generation: Some(Generation::new(&params, choice)),
+                generation: Some(generation),
                 embed: None,
                 arrival,
                 since: step,

@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::error::{RuntimeError, RuntimeErrorKind};
 use crate::metrics::SchedulerStats;
 use crate::model::LoadedModel;
-use crate::request::{Event, Prompt, Request, RequestId};
+use crate::request::{Event, OutputFormat, Prompt, Request, RequestId, Task};
 use crate::scheduler::{PoolMap, Scheduler, SessionSummary, Sink};
 
 /// Most time between two status snapshots while the engine is busy.
@@ -136,9 +136,15 @@ impl Service {
     /// tokenized here, on the caller's thread: the engine thread takes commands between two
     /// steps, and every sequence it runs would wait while it tokenized (the Qwen2.5 tokenizer
     /// encodes about 5 MB/s, `cargo bench -p airs-tokenizer`: a 128 KiB prompt held every
-    /// stream for ~25 ms, about a 16-sequence step).
+    /// stream for ~25 ms, about a 16-sequence step). So is, for the first request constrained
+    /// to an output format, the model's table of token bytes ([`LoadedModel::vocab_bytes`]).
     pub fn submit(&self, mut request: Request, mut sink: Sink) -> RequestId {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        if let Task::Generate(params) = &request.task
+            && params.format != OutputFormat::Text
+        {
+            self.model.vocab_bytes();
+        }
         if request.session.is_none() {
             let prompt = std::mem::replace(&mut request.prompt, Prompt::Tokens(Vec::new()));
             match self.model.prompt_tokens(prompt) {

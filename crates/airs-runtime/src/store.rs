@@ -131,6 +131,7 @@ impl SamplerSettings {
             repeat_last_n: self.repeat_last_n,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
             seed: self.turn_seed(turn),
         }
     }

@@ -6,7 +6,10 @@
 //! an array of text parts), `prompt` (a string or token ids), `max_tokens` and
 //! `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop` (a string or
 //! an array), `presence_penalty`, `frequency_penalty`, `repeat_penalty` (llama.cpp's),
-//! `logprobs`/`top_logprobs`, `n`, `stream`, `stream_options.include_usage`, `user` (accepted,
+//! `logprobs`/`top_logprobs`, `n`, `stream`, `stream_options.include_usage`, `logit_bias`
+//! (token id → bias in [-100, 100], -100 a ban; up to [`MAX_LOGIT_BIAS`] tokens), `response_format`
+//! (`text`, or `json_object`: the reply is one JSON object, [`airs_runtime::constraint`]; a
+//! `json_schema` is refused with 400), `user` (accepted,
 //! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
 //! persistent conversation's name: the client sends only the new message). Unknown fields are
 //! accepted and ignored. Sampling defaults are llama.cpp's server's (temperature 0.8, top-k 40,
@@ -24,7 +27,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use airs_engine::SamplerConfig;
-use airs_runtime::{GenerationParams, LoadedModel, Priority, Prompt, Request, SessionTurn};
+use airs_runtime::{
+    GenerationParams, LoadedModel, OutputFormat, Priority, Prompt, Request, SessionTurn,
+};
 use airs_tokenizer::chat::ChatMessage;
 use serde::Deserialize;
 
@@ -34,6 +39,8 @@ use crate::error::ApiError;
 pub const MAX_MESSAGES: usize = 4096;
 /// Most stop strings (as OpenAI: 4; airs takes up to 16).
 pub const MAX_STOPS: usize = 16;
+/// Most tokens in one `logit_bias`.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// `content`: a string or an array of parts.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +71,13 @@ pub struct Message {
 pub enum Stop {
     One(String),
     Many(Vec<String>),
+}
+
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", ...}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -103,6 +117,11 @@ pub struct Sampling {
     pub stream: Option<bool>,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    /// Token id (a string, as JSON keys are) → bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     #[serde(default)]
     pub priority: Option<String>,
     #[serde(default)]
@@ -250,6 +269,7 @@ pub fn generation(
     s: &Sampling,
     logprobs: Option<usize>,
     context_len: usize,
+    vocab_len: usize,
 ) -> Result<(GenerationParams, Delivery), ApiError> {
     let max_tokens = match s.max_completion_tokens.or(s.max_tokens) {
         None => context_len,
@@ -285,6 +305,7 @@ pub fn generation(
         Some(k) if k <= 0 => 0,
         Some(k) => k.min(1 << 20) as usize,
     };
+    let logit_bias = logit_bias(s.logit_bias.as_ref(), vocab_len)?;
     let d = SamplerConfig::default();
     let sampler = SamplerConfig {
         temperature: finite("temperature", s.temperature, 0.0, 100.0)?.unwrap_or(0.8),
@@ -299,7 +320,24 @@ pub fn generation(
         frequency_penalty: finite("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?
             .unwrap_or(0.0),
         seed: s.seed.map_or_else(fresh_seed, |x| x as u64),
+        logit_bias,
         ..d
+    };
+    let format = match s.response_format.as_ref().map(|f| f.kind.as_str()) {
+        None | Some("text") => OutputFormat::Text,
+        Some("json_object") => OutputFormat::JsonObject,
+        Some("json_schema") => {
+            return Err(ApiError::bad_request(
+                "response_format json_schema is not supported: airs constrains output to a \
+                 JSON object (\"json_object\"), not to a schema"
+                    .to_string(),
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "response_format type must be \"text\" or \"json_object\", not {other:?}"
+            )));
+        }
     };
     let params = GenerationParams {
         max_tokens,
@@ -308,6 +346,7 @@ pub fn generation(
         logprobs,
         n,
         ignore_eos: false,
+        format,
     };
     let delivery = Delivery {
         stream: s.stream.unwrap_or(false),
@@ -320,6 +359,47 @@ pub fn generation(
         n,
     };
     Ok((params, delivery))
+}
+
+/// `logit_bias` as the sampler takes it: token ids inside the vocabulary, biases in
+/// [-100, 100], and -100 a ban (−∞), as OpenAI documents it ("should result in a ban").
+fn logit_bias(
+    map: Option<&std::collections::BTreeMap<String, f64>>,
+    vocab_len: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::bad_request(format!(
+            "logit_bias holds at most {MAX_LOGIT_BIAS} tokens, not {}",
+            map.len()
+        )));
+    }
+    map.iter()
+        .map(|(key, &bias)| {
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab_len)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "logit_bias keys must be token ids below {vocab_len}, not {key:?}"
+                    ))
+                })?;
+            if !(-100.0..=100.0).contains(&bias) {
+                return Err(ApiError::bad_request(format!(
+                    "logit_bias values must be between -100 and 100, not {bias}"
+                )));
+            }
+            let bias = if bias <= -100.0 {
+                f32::NEG_INFINITY
+            } else {
+                bias as f32
+            };
+            Ok((id, bias))
+        })
+        .collect()
 }
 
 /// A message's text: the string, or its text parts joined.
@@ -383,7 +463,12 @@ pub fn chat_request(
     } else {
         None
     };
-    let (params, delivery) = generation(&req.sampling, logprobs, model.context_len())?;
+    let (params, delivery) = generation(
+        &req.sampling,
+        logprobs,
+        model.context_len(),
+        model.tokenizer.vocab_len(),
+    )?;
     let priority = priority(req.sampling.priority.as_deref())?;
     let mut messages = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
@@ -442,7 +527,12 @@ pub fn completion_request(
             )));
         }
     };
-    let (params, delivery) = generation(&req.sampling, logprobs, model.context_len())?;
+    let (params, delivery) = generation(
+        &req.sampling,
+        logprobs,
+        model.context_len(),
+        model.tokenizer.vocab_len(),
+    )?;
     let priority = priority(req.sampling.priority.as_deref())?;
     let prompt = match &req.prompt {
         PromptInput::Text(t) => Prompt::Text(t.clone()),
@@ -551,13 +641,13 @@ mod tests {
             temperature: Some(-1.0),
             ..Sampling::default()
         };
-        assert!(generation(&s, None, 100).is_err());
+        assert!(generation(&s, None, 100, 1000).is_err());
         let s = Sampling {
             max_tokens: Some(0),
             ..Sampling::default()
         };
-        assert!(generation(&s, None, 100).is_err());
-        let (p, d) = generation(&Sampling::default(), None, 100).unwrap();
+        assert!(generation(&s, None, 100, 1000).is_err());
+        let (p, d) = generation(&Sampling::default(), None, 100, 1000).unwrap();
         assert_eq!(p.max_tokens, 100);
         assert_eq!((p.sampler.top_k, d.n, d.stream), (40, 1, false));
         let s = Sampling {
@@ -567,10 +657,68 @@ mod tests {
             top_k: Some(-1),
             ..Sampling::default()
         };
-        let (p, _) = generation(&s, None, 100).unwrap();
+        let (p, _) = generation(&s, None, 100, 1000).unwrap();
         assert_eq!(
             (p.max_tokens, p.sampler.seed, p.sampler.top_k),
             (7, u64::MAX, 0)
         );
+    }
+
+    #[test]
+    fn response_formats_are_text_or_a_json_object_and_a_schema_is_refused() {
+        let format = |body: &str| {
+            let r = parse::<ChatRequest>(body.as_bytes(), "chat")?;
+            generation(&r.sampling, None, 100, 1000).map(|(p, _)| p.format)
+        };
+        let msgs = r#""messages": [{"role": "user", "content": "x"}]"#;
+        assert_eq!(format(&format!("{{{msgs}}}")).unwrap(), OutputFormat::Text);
+        let with = |f: &str| format(&format!(r#"{{{msgs}, "response_format": {f}}}"#));
+        assert_eq!(with(r#"{"type": "text"}"#).unwrap(), OutputFormat::Text);
+        assert_eq!(
+            with(r#"{"type": "json_object"}"#).unwrap(),
+            OutputFormat::JsonObject
+        );
+        let e = with(r#"{"type": "json_schema", "json_schema": {"name": "x"}}"#).unwrap_err();
+        assert!(e.message.contains("json_schema"), "{e:?}");
+        assert!(
+            with(r#"{"type": "yaml"}"#)
+                .unwrap_err()
+                .message
+                .contains("yaml")
+        );
+        assert!(with(r#""json""#).is_err());
+    }
+
+    #[test]
+    fn logit_bias_takes_token_ids_in_the_vocabulary_and_minus_100_bans() {
+        let bias = |json: &str| {
+            let r = parse::<ChatRequest>(
+                format!(
+                    r#"{{"messages": [{{"role": "user", "content": "x"}}], "logit_bias": {json}}}"#
+                )
+                .as_bytes(),
+                "chat",
+            )?;
+            generation(&r.sampling, None, 100, 1000).map(|(p, _)| p.sampler.logit_bias)
+        };
+        assert_eq!(
+            bias(r#"{"5": 2.5, "12": -100, "999": 100}"#).unwrap(),
+            vec![(12, f32::NEG_INFINITY), (5, 2.5), (999, 100.0)]
+        );
+        assert!(bias("{}").unwrap().is_empty());
+        for bad in [
+            r#"{"1000": 1}"#,
+            r#"{"-1": 1}"#,
+            r#"{"a": 1}"#,
+            r#"{"5": 101}"#,
+            r#"{"5": -100.5}"#,
+        ] {
+            let e = bias(bad).unwrap_err();
+            assert!(e.message.contains("logit_bias"), "{bad}: {e:?}");
+        }
+        let many: Vec<String> = (0..=MAX_LOGIT_BIAS)
+            .map(|i| format!(r#""{i}": 1"#))
+            .collect();
+        assert!(bias(&format!("{{{}}}", many.join(","))).is_err());
     }
 }

@@ -130,6 +130,37 @@ def api(args):
     check(len(cl.choices[0].logprobs.token_logprobs) == cl.usage.completion_tokens,
           "completion logprobs")
 
+    # logit_bias: +100 makes a token the only choice, -100 bans the one greedy picks.
+    hello = json.loads(raw(args, "POST", "/tokenize", {"content": "Hello"})[2])["tokens"]
+    check(len(hello) == 1, f"'Hello' is one token: {hello}")
+    rb = chat(c, args, msgs, max_tokens=3, logit_bias={str(hello[0]): 100})
+    check(rb.choices[0].message.content.startswith("HelloHello"),
+          f"logit_bias +100 forces a token: {rb.choices[0].message.content!r}")
+    first = json.loads(raw(args, "POST", "/tokenize", {"content": choice.message.content})[2])["tokens"][0]
+    rban = chat(c, args, msgs, max_tokens=16, logit_bias={str(first): -100})
+    again = json.loads(raw(args, "POST", "/tokenize", {"content": rban.choices[0].message.content})[2])["tokens"]
+    check(rban.choices[0].message.content != choice.message.content and again[0] != first,
+          f"logit_bias -100 bans the greedy first token: {rban.choices[0].message.content!r}")
+
+    # response_format json_object: one JSON object, also where the model would not write one.
+    haiku = [{"role": "user", "content": "Write a haiku about rain."}]
+    rj = chat(c, args, haiku, max_tokens=160, response_format={"type": "json_object"})
+    obj = json.loads(rj.choices[0].message.content)
+    check(isinstance(obj, dict) and obj and rj.choices[0].finish_reason == "stop",
+          f"response_format json_object gives one object: {rj.choices[0].message.content!r}")
+    free = chat(c, args, haiku, max_tokens=160).choices[0].message.content
+    check(not free.lstrip().startswith("{"), f"unasked, the reply is no JSON: {free!r}")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chat(
+        c, args, haiku, max_tokens=160, response_format={"type": "json_object"}, stream=True)
+        if ch.choices)
+    check(streamed == rj.choices[0].message.content, "the JSON streams as it answers")
+    try:
+        chat(c, args, haiku, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+        check(False, "a json_schema response format is refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "json_schema" in str(e), "json_schema gets 400 saying why")
+
     rs = chat(c, args, msgs, max_tokens=40, stop=["\n", "."])
     check("\n" not in rs.choices[0].message.content and "." not in rs.choices[0].message.content,
           "stop strings end the text and are not part of it")

@@ -1,0 +1,79 @@
+//! The JSON constraint's cost per draw over Qwen2.5's 151,936-token vocabulary, single thread,
+//! in µs: the check of a drawn token (every constrained draw pays it), and the mask a redraw
+//! needs when the drawn token cannot continue the JSON, after texts that leave few tokens
+//! possible (after `{`, `:` or a number) and many (inside a string); and building the table
+//! of token bytes (once per model).
+//!
+//! `cargo bench -p airs-runtime --bench constraint` (the model from `AIRS_QWEN_MODEL`, or
+//! installed by `scripts/install-qwen.sh` as the tests do).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airs_runtime::LoadedModel;
+use airs_runtime::constraint::{JsonConstraint, VocabBytes};
+
+/// The best time of `f` in µs over about 300 ms.
+fn best_us(mut f: impl FnMut()) -> f64 {
+    f();
+    let (start, mut best, mut runs) = (Instant::now(), f64::INFINITY, 0);
+    while start.elapsed() < Duration::from_millis(300) || runs < 5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
+    }
+    best * 1e6
+}
+
+fn main() {
+    let model = LoadedModel::open(&airs_testdata::qwen_path(), 1).expect("the Qwen2.5 model");
+    let vocab_len = model.tokenizer.vocab_len();
+    println!("{:<44} {:>10}", "case (Qwen2.5, single thread)", "µs");
+    let build = best_us(|| {
+        black_box(VocabBytes::new(&model.tokenizer));
+    });
+    println!(
+        "{:<44} {:>10.1}",
+        "build the token bytes (once per model)", build
+    );
+    let vocab = Arc::new(VocabBytes::new(&model.tokenizer));
+    // Logits of no particular shape: the mask's cost does not depend on them.
+    let logits: Vec<f32> = (0..vocab_len).map(|i| (i % 97) as f32 * 0.1).collect();
+    for (label, text) in [
+        ("after {", "{"),
+        ("after {\"name\":", "{\"name\":"),
+        ("after {\"age\": 3", "{\"age\": 3"),
+        ("inside a string", "{\"name\": \"Whisk"),
+    ] {
+        let mut constraint = JsonConstraint::new(Arc::clone(&vocab));
+        for id in model.encode_prompt(text).into_iter() {
+            if model.tokenizer.bos_id().map(u32::from) != Some(id) {
+                assert!(constraint.allows(id), "{text:?}");
+                constraint.accept(id);
+            }
+        }
+        let allowed = constraint
+            .mask(&logits)
+            .map_or(0, |m| m.iter().filter(|l| l.is_finite()).count());
+        let mask = best_us(|| {
+            black_box(constraint.mask(black_box(&logits)));
+        });
+        let check = best_us(|| {
+            for id in (0..vocab_len as u32).step_by(1009) {
+                black_box(constraint.allows(black_box(id)));
+            }
+        }) / (vocab_len / 1009 + 1) as f64;
+        println!(
+            "{:<44} {:>10.1}",
+            format!("mask {label} ({allowed} allowed)"),
+            mask
+        );
+        println!(
+            "{:<44} {:>10.3}",
+            format!("check a drawn token {label}"),
+            check
+        );
+    }
+}
