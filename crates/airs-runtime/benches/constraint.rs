@@ -1,8 +1,9 @@
 //! The JSON constraint's cost per draw over Qwen2.5's 151,936-token vocabulary, single thread,
 //! in µs: the check of a drawn token (every constrained draw pays it), and the mask a redraw
 //! needs when the drawn token cannot continue the JSON, after texts that leave few tokens
-//! possible (after `{`, `:` or a number) and many (inside a string); and building the table
-//! of token bytes (once per model).
+//! possible (after `{`, `:` or a number) and many (inside a string), for any object
+//! (`json_object`) and for a schema (`json_schema`, whose checker's state is larger to copy);
+//! and building the table of token bytes (once per model).
 //!
 //! `cargo bench -p airs-runtime --bench constraint` (the model from `AIRS_QWEN_MODEL`, or
 //! installed by `scripts/install-qwen.sh` as the tests do).
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use airs_runtime::LoadedModel;
 use airs_runtime::constraint::{JsonConstraint, VocabBytes};
+use airs_runtime::json_schema::{Schema, SchemaValue};
 
 /// The best time of `f` in µs over about 300 ms.
 fn best_us(mut f: impl FnMut()) -> f64 {
@@ -39,15 +41,34 @@ fn main() {
         "build the token bytes (once per model)", build
     );
     let vocab = Arc::new(VocabBytes::new(&model.tokenizer));
+    println!(
+        "({} of {vocab_len} tokens continue any string unchecked)",
+        vocab.string_tokens()
+    );
     // Logits of no particular shape: the mask's cost does not depend on them.
     let logits: Vec<f32> = (0..vocab_len).map(|i| (i % 97) as f32 * 0.1).collect();
-    for (label, text) in [
-        ("after {", "{"),
-        ("after {\"name\":", "{\"name\":"),
-        ("after {\"age\": 3", "{\"age\": 3"),
-        ("inside a string", "{\"name\": \"Whisk"),
+    let schema: SchemaValue = serde_json::from_str(
+        r#"{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "age"]}"#,
+    )
+    .expect("a schema");
+    let schema = Arc::new(Schema::compile(&schema).expect("it compiles"));
+    for (kind, schema, label, text) in [
+        ("object", None, "after {", "{"),
+        ("object", None, "after {\"name\":", "{\"name\":"),
+        ("object", None, "after {\"age\": 3", "{\"age\": 3"),
+        ("object", None, "inside a string", "{\"name\": \"Whisk"),
+        ("schema", Some(&schema), "after {", "{"),
+        ("schema", Some(&schema), "after {\"name\":", "{\"name\":"),
+        (
+            "schema",
+            Some(&schema),
+            "inside a string",
+            "{\"name\": \"Whisk",
+        ),
     ] {
-        let mut constraint = JsonConstraint::new(Arc::clone(&vocab));
+        let label = format!("{kind} {label}");
+        let mut constraint = JsonConstraint::new(Arc::clone(&vocab), schema.cloned());
         for id in model.encode_prompt(text).into_iter() {
             if model.tokenizer.bos_id().map(u32::from) != Some(id) {
                 assert!(constraint.allows(id), "{text:?}");

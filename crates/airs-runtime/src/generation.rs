@@ -137,9 +137,13 @@ impl Generation {
             max_tokens: params.max_tokens,
             logprobs: params.logprobs,
             ignore_eos: params.ignore_eos,
-            json: match params.format {
+            json: match &params.format {
                 OutputFormat::Text => None,
-                OutputFormat::JsonObject => Some(JsonConstraint::new(model.vocab_bytes())),
+                OutputFormat::JsonObject => Some(JsonConstraint::new(model.vocab_bytes(), None)),
+                OutputFormat::JsonSchema(schema) => Some(JsonConstraint::new(
+                    model.vocab_bytes(),
+                    Some(std::sync::Arc::clone(schema)),
+                )),
             },
             generated: Vec::new(),
         }

@@ -31,6 +31,8 @@ pub const MAX_INDENT: u8 = 32;
 enum Expect {
     /// The top-level object's `{`.
     Top,
+    /// The top-level value's first byte ([`JsonSyntax::value`]).
+    TopValue,
     /// A value (after `:` or an array's `,`).
     Value,
     /// A value or `]` (after `[`).
@@ -48,9 +50,27 @@ enum Expect {
     /// Inside a number.
     Number(Number),
     /// Inside `true`, `false` or `null`, with the bytes matched so far.
-    Literal(&'static [u8], u8),
+    Literal(Word, u8),
     /// The top-level object is complete; nothing may follow.
     Done,
+}
+
+/// A literal word.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Word {
+    True,
+    False,
+    Null,
+}
+
+impl Word {
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Word::True => b"true",
+            Word::False => b"false",
+            Word::Null => b"null",
+        }
+    }
 }
 
 /// Where inside a string.
@@ -113,8 +133,8 @@ impl Number {
     }
 }
 
-/// The checker's state (see the module documentation). `Copy`: a candidate is checked on a
-/// copy.
+/// The checker's state (see the module documentation). `Copy` (16 bytes): a candidate is
+/// checked on a copy.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct JsonSyntax {
     expect: Expect,
@@ -127,6 +147,8 @@ pub struct JsonSyntax {
     whitespace: u8,
     newline: bool,
 }
+
+const _: () = assert!(std::mem::size_of::<JsonSyntax>() == 16);
 
 impl Default for JsonSyntax {
     fn default() -> JsonSyntax {
@@ -146,9 +168,47 @@ impl JsonSyntax {
         }
     }
 
-    /// Whether the bytes so far are one whole JSON object.
+    /// A checker of one JSON value of any kind (not only an object), from its first byte: what
+    /// a JSON schema's untyped parts accept ([`crate::schema_syntax`]).
+    pub fn value() -> JsonSyntax {
+        JsonSyntax {
+            expect: Expect::TopValue,
+            ..JsonSyntax::new()
+        }
+    }
+
+    /// Whether the bytes so far are one whole JSON object (or value, for
+    /// [`JsonSyntax::value`]).
     pub fn is_complete(&self) -> bool {
         self.expect == Expect::Done
+    }
+
+    /// Whether the value may end here: complete, or a top-level number that a following byte
+    /// would end (a number's end is the first byte after it).
+    pub fn can_end(&self) -> bool {
+        match self.expect {
+            Expect::Done => true,
+            Expect::Number(n) => self.depth == 0 && n.complete(),
+            _ => false,
+        }
+    }
+
+    /// Whether a number is being read (for an integer-only schema, which refuses its `.`
+    /// and exponent).
+    pub fn in_number(&self) -> bool {
+        matches!(self.expect, Expect::Number(_))
+    }
+
+    /// Whether the text is inside a string with no escape or character pending: then any
+    /// printable ASCII but `"` and `\\` continues it and leaves this state as it is.
+    pub fn in_plain_string(&self) -> bool {
+        matches!(
+            self.expect,
+            Expect::Str {
+                part: StrPart::Plain,
+                ..
+            }
+        )
     }
 
     /// The state after `bytes`, or `None` if some byte of them cannot continue the text.
@@ -179,10 +239,10 @@ impl JsonSyntax {
                 None => false,
             },
             Expect::Literal(word, matched) => {
-                if word[usize::from(matched)] != byte {
+                if word.bytes()[usize::from(matched)] != byte {
                     return false;
                 }
-                if usize::from(matched) + 1 == word.len() {
+                if usize::from(matched) + 1 == word.bytes().len() {
                     self.value_done();
                 } else {
                     self.expect = Expect::Literal(word, matched + 1);
@@ -190,7 +250,7 @@ impl JsonSyntax {
                 true
             }
             Expect::Done => false,
-            Expect::Top => self.token(Expect::Top, byte),
+            Expect::Top | Expect::TopValue => self.token(self.expect, byte),
             _ if matches!(byte, b' ' | b'\t' | b'\n') => self.space(byte),
             expect => {
                 self.whitespace = 0;
@@ -217,7 +277,10 @@ impl JsonSyntax {
     /// string, number or literal).
     fn token(&mut self, expect: Expect, byte: u8) -> bool {
         let in_object = self.depth > 0 && self.objects & (1 << (self.depth - 1)) != 0;
-        let value = matches!(expect, Expect::Value | Expect::ValueOrClose);
+        let value = matches!(
+            expect,
+            Expect::Value | Expect::ValueOrClose | Expect::TopValue
+        );
         match byte {
             b'{' if value || expect == Expect::Top => self.open(true, Expect::KeyOrClose),
             b'[' if value => self.open(false, Expect::ValueOrClose),
@@ -232,9 +295,9 @@ impl JsonSyntax {
             b'-' if value => self.begin(Expect::Number(Number::Minus)),
             b'0' if value => self.begin(Expect::Number(Number::Zero)),
             b'1'..=b'9' if value => self.begin(Expect::Number(Number::Int)),
-            b't' if value => self.begin(Expect::Literal(b"true", 1)),
-            b'f' if value => self.begin(Expect::Literal(b"false", 1)),
-            b'n' if value => self.begin(Expect::Literal(b"null", 1)),
+            b't' if value => self.begin(Expect::Literal(Word::True, 1)),
+            b'f' if value => self.begin(Expect::Literal(Word::False, 1)),
+            b'n' if value => self.begin(Expect::Literal(Word::Null, 1)),
             b':' if expect == Expect::Colon => self.begin(Expect::Value),
             b',' if expect == Expect::CommaOrClose => self.begin(if in_object {
                 Expect::Key

@@ -67,7 +67,7 @@ pub struct GenerationParams {
 }
 
 /// The shape generated text must have.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum OutputFormat {
     /// Any text.
     #[default]
@@ -75,6 +75,9 @@ pub enum OutputFormat {
     /// One JSON object, and the choice ends when it closes ([`crate::constraint`]; OpenAI's
     /// `response_format: {"type": "json_object"}`).
     JsonObject,
+    /// One JSON object the schema accepts, and the choice ends when it closes (OpenAI's
+    /// `response_format: {"type": "json_schema", ...}`; [`crate::json_schema`]).
+    JsonSchema(std::sync::Arc<crate::json_schema::Schema>),
 }
 
 impl Default for GenerationParams {

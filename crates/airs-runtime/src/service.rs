@@ -141,7 +141,7 @@ impl Service {
     pub fn submit(&self, mut request: Request, mut sink: Sink) -> RequestId {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         if let Task::Generate(params) = &request.task
-            && params.format != OutputFormat::Text
+            && !matches!(params.format, OutputFormat::Text)
         {
             self.model.vocab_bytes();
         }

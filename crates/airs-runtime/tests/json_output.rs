@@ -93,7 +93,7 @@ fn qwen_asked_for_json_answers_with_one_object() {
     ] {
         let prompt = Prompt::Chat(vec![airs_tokenizer::chat::ChatMessage::user(ask)]);
         for format in [OutputFormat::Text, OutputFormat::JsonObject] {
-            let mut p = params(160, format, 0.0, 0);
+            let mut p = params(160, format.clone(), 0.0, 0);
             p.n = 1;
             let c = s.serve(Request::generate(prompt.clone(), p)).unwrap();
             let choice = &c.choices[0];
@@ -106,5 +106,55 @@ fn qwen_asked_for_json_answers_with_one_object() {
             let v: Value = serde_json::from_str(&choice.text).expect("one JSON object");
             assert!(!v.as_object().unwrap().is_empty(), "{v}");
         }
+    }
+}
+
+/// A request with a JSON schema gets an object of that schema: its properties in order, the
+/// required ones present, an enum's value, an integer.
+#[test]
+fn qwen_asked_for_a_schema_answers_with_an_instance_of_it() {
+    use airs_runtime::json_schema::{Schema, SchemaValue};
+    let model = Arc::new(LoadedModel::open(&airs_testdata::qwen_path(), 2).unwrap());
+    let mut s = Scheduler::new(model, SchedulerConfig::new(64 << 20), None).unwrap();
+    let schema: SchemaValue = serde_json::from_str(
+        r#"{"type": "object", "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "food": {"enum": ["fish", "meat", "milk"]},
+            "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            "indoor": {"type": "boolean"}},
+          "required": ["name", "age", "food", "indoor"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let format = OutputFormat::JsonSchema(Arc::new(Schema::compile(&schema).unwrap()));
+    for ask in ["Describe a fictional cat.", "Write a haiku about rain."] {
+        let prompt = Prompt::Chat(vec![airs_tokenizer::chat::ChatMessage::user(ask)]);
+        let mut p = params(200, format.clone(), 0.0, 0);
+        p.n = 1;
+        let c = s.serve(Request::generate(prompt, p)).unwrap();
+        let choice = &c.choices[0];
+        eprintln!("{ask}: {:?} {:?}", choice.reason, choice.text);
+        assert_eq!(choice.reason, FinishReason::EndOfGeneration);
+        let v: Value = serde_json::from_str(&choice.text).expect("one JSON object");
+        let o = v.as_object().unwrap();
+        assert!(
+            o["name"].is_string() && o["age"].is_i64() && o["indoor"].is_boolean(),
+            "{v}"
+        );
+        assert!(
+            ["fish", "meat", "milk"].contains(&o["food"].as_str().unwrap()),
+            "{v}"
+        );
+        assert!(
+            o.get("toys")
+                .is_none_or(|t| t.as_array().unwrap().len() <= 3),
+            "{v}"
+        );
+        assert!(
+            o.keys()
+                .all(|k| ["name", "age", "food", "toys", "indoor"].contains(&k.as_str()))
+        );
+        let at = |k: &str| choice.text.find(&format!("\"{k}\"")).unwrap();
+        assert!(at("name") < at("age") && at("age") < at("food") && at("food") < at("indoor"));
     }
 }

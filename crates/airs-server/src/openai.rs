@@ -8,8 +8,9 @@
 //! an array), `presence_penalty`, `frequency_penalty`, `repeat_penalty` (llama.cpp's),
 //! `logprobs`/`top_logprobs`, `n`, `stream`, `stream_options.include_usage`, `logit_bias`
 //! (token id → bias in [-100, 100], -100 a ban; up to [`MAX_LOGIT_BIAS`] tokens), `response_format`
-//! (`text`, or `json_object`: the reply is one JSON object, [`airs_runtime::constraint`]; a
-//! `json_schema` is refused with 400), `user` (accepted,
+//! (`text`; `json_object`: the reply is one JSON object, [`airs_runtime::constraint`];
+//! `json_schema`: one object the schema accepts, for the subset [`airs_runtime::json_schema`]
+//! enforces, any other schema refused with 400), `user` (accepted,
 //! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
 //! persistent conversation's name: the client sends only the new message). Unknown fields are
 //! accepted and ignored. Sampling defaults are llama.cpp's server's (temperature 0.8, top-k 40,
@@ -24,9 +25,11 @@
 //!
 //! Cost: one JSON parse; rendering the chat template is linear in the conversation.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use airs_engine::SamplerConfig;
+use airs_runtime::json_schema::{Schema, SchemaValue};
 use airs_runtime::{
     GenerationParams, LoadedModel, OutputFormat, Priority, Prompt, Request, SessionTurn,
 };
@@ -73,11 +76,22 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
-/// `response_format`: `{"type": "text" | "json_object" | "json_schema", ...}`.
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", "json_schema": ...}`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`: OpenAI's `{"name", "schema", "strict", "description"}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub schema: Option<SchemaValue>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -323,21 +337,35 @@ pub fn generation(
         logit_bias,
         ..d
     };
-    let format = match s.response_format.as_ref().map(|f| f.kind.as_str()) {
-        None | Some("text") => OutputFormat::Text,
-        Some("json_object") => OutputFormat::JsonObject,
-        Some("json_schema") => {
-            return Err(ApiError::bad_request(
-                "response_format json_schema is not supported: airs constrains output to a \
-                 JSON object (\"json_object\"), not to a schema"
-                    .to_string(),
-            ));
-        }
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "response_format type must be \"text\" or \"json_object\", not {other:?}"
-            )));
-        }
+    let format = match &s.response_format {
+        None => OutputFormat::Text,
+        Some(f) => match (f.kind.as_str(), &f.json_schema) {
+            ("text", _) => OutputFormat::Text,
+            ("json_object", _) => OutputFormat::JsonObject,
+            (
+                "json_schema",
+                Some(JsonSchemaFormat {
+                    schema: Some(schema),
+                    ..
+                }),
+            ) => {
+                let compiled = Schema::compile(schema).map_err(|e| {
+                    ApiError::bad_request(format!("response_format json_schema: {e}"))
+                })?;
+                OutputFormat::JsonSchema(Arc::new(compiled))
+            }
+            ("json_schema", _) => {
+                return Err(ApiError::bad_request(
+                    "response_format json_schema needs json_schema.schema".to_string(),
+                ));
+            }
+            (other, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "response_format type must be \"text\", \"json_object\" or \"json_schema\", \
+                     not {other:?}"
+                )));
+            }
+        },
     };
     let params = GenerationParams {
         max_tokens,
@@ -679,7 +707,18 @@ mod tests {
             OutputFormat::JsonObject
         );
         let e = with(r#"{"type": "json_schema", "json_schema": {"name": "x"}}"#).unwrap_err();
-        assert!(e.message.contains("json_schema"), "{e:?}");
+        assert!(e.message.contains("json_schema.schema"), "{e:?}");
+        let schema = r#"{"type": "object", "properties": {"b": {"type": "integer"}}}"#;
+        let f = with(&format!(
+            r#"{{"type": "json_schema", "json_schema": {{"name": "x", "strict": true, "schema": {schema}}}}}"#
+        ))
+        .unwrap();
+        assert!(matches!(f, OutputFormat::JsonSchema(_)));
+        let e = with(
+            r#"{"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("pattern"), "{e:?}");
         assert!(
             with(r#"{"type": "yaml"}"#)
                 .unwrap_err()

@@ -154,12 +154,31 @@ def api(args):
         c, args, haiku, max_tokens=160, response_format={"type": "json_object"}, stream=True)
         if ch.choices)
     check(streamed == rj.choices[0].message.content, "the JSON streams as it answers")
+    # json_schema, as the client's structured outputs send it (a strict schema from a pydantic
+    # model) and parse the reply back into the model.
+    from typing import Literal
+    from pydantic import BaseModel
+
+    class Cat(BaseModel):
+        name: str
+        age: int
+        food: Literal["fish", "meat", "milk"]
+        indoor: bool
+
+    for ask in ["Describe a fictional cat.", "Write a haiku about rain."]:
+        rp = c.chat.completions.parse(model=args.model, messages=[{"role": "user", "content": ask}],
+                                      response_format=Cat, max_tokens=200, temperature=0)
+        cat = rp.choices[0].message.parsed
+        check(isinstance(cat, Cat) and rp.choices[0].finish_reason == "stop",
+              f"json_schema: {ask!r} is answered with a Cat: {cat!r}")
     try:
         chat(c, args, haiku, max_tokens=8, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-        check(False, "a json_schema response format is refused")
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}}}})
+        check(False, "a schema with a keyword airs does not enforce is refused")
     except openai.BadRequestError as e:
-        check(e.status_code == 400 and "json_schema" in str(e), "json_schema gets 400 saying why")
+        check(e.status_code == 400 and "pattern" in str(e),
+              f"a schema airs cannot enforce gets 400 naming the keyword: {e.body}")
 
     rs = chat(c, args, msgs, max_tokens=40, stop=["\n", "."])
     check("\n" not in rs.choices[0].message.content and "." not in rs.choices[0].message.content,
