@@ -1,15 +1,19 @@
 //! Request bodies of `airs serve`, as a client could send them: every body parses into a typed
 //! request or a 400 `ApiError`, and every accepted chat request's conversation renders through
 //! chat templates (the embedded model's fallback, and the real Qwen2 and Phi-3 templates of the
-//! repository's vocabulary files) and tokenizes, whatever the message contents — never a panic
-//! and never an unbounded allocation. The first byte picks the endpoint.
+//! repository's vocabulary files) and tokenizes, whatever the message contents; a
+//! `response_format` schema compiles or is refused, and the JSON checkers read every message
+//! byte by byte against it — never a panic and never an unbounded allocation. The first byte
+//! picks the endpoint.
 #![no_main]
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use airs_memory::ModelPool;
-use airs_runtime::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, Prompt};
+use airs_runtime::json_syntax::JsonSyntax;
+use airs_runtime::schema_syntax::SchemaSyntax;
+use airs_runtime::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, OutputFormat, Prompt, Task};
 use airs_server::openai;
 use airs_tokenizer::Tokenizer;
 use airs_tokenizer::chat::ChatTemplate;
@@ -58,6 +62,24 @@ fuzz_target!(|data: &[u8]| {
                 let _ = m.encode_chat(messages);
                 for (tok, t) in templates() {
                     let _ = t.encode(tok, messages, true);
+                }
+                // The JSON checkers over hostile text: the messages, byte by byte, against the
+                // request's own schema (compiled from the body) and as any JSON object.
+                if let Task::Generate(params) = &request.task {
+                    for msg in messages {
+                        let bytes = msg.content.as_bytes();
+                        if let OutputFormat::JsonSchema(schema) = &params.format {
+                            let mut s = SchemaSyntax::new(schema);
+                            for &b in bytes {
+                                let mut next = s;
+                                if !next.push(schema, b) {
+                                    break;
+                                }
+                                s = next;
+                            }
+                        }
+                        let _ = JsonSyntax::new().after(bytes);
+                    }
                 }
             }
         }

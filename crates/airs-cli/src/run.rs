@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use airs_engine::{KvType, SamplerConfig};
 use airs_runtime::fit::{peak_rss_bytes, single_sequence_config};
+use airs_runtime::json_schema::{Schema, SchemaValue};
 use airs_runtime::{
     ChoiceEnd, Completion, Event, FinishReason, GenerationParams, OutputFormat, Prompt, Request,
     Scheduler,
@@ -88,6 +89,10 @@ pub struct SamplingArgs {
     /// The shape of the output: any text, or one JSON object (generation ends when it closes).
     #[arg(long, value_enum, default_value_t = FormatArg::Text)]
     pub format: FormatArg,
+    /// One JSON object of the JSON schema in this file (the subset `airs serve` takes as
+    /// `response_format` `json_schema`).
+    #[arg(long, value_name = "FILE", conflicts_with = "format")]
+    pub json_schema: Option<PathBuf>,
 }
 
 /// `--logit-bias ID=BIAS`.
@@ -115,8 +120,21 @@ pub enum FormatArg {
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> GenerationParams {
-        GenerationParams {
+    pub fn params(&self) -> anyhow::Result<GenerationParams> {
+        let format = match (&self.json_schema, self.format) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let schema: SchemaValue = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?;
+                let schema = Schema::compile(&schema)
+                    .with_context(|| format!("the JSON schema in {}", path.display()))?;
+                OutputFormat::JsonSchema(std::sync::Arc::new(schema))
+            }
+            (None, FormatArg::Text) => OutputFormat::Text,
+            (None, FormatArg::JsonObject) => OutputFormat::JsonObject,
+        };
+        Ok(GenerationParams {
             max_tokens: self.max_tokens,
             stop: self.stop.clone(),
             sampler: SamplerConfig {
@@ -134,11 +152,8 @@ impl SamplingArgs {
             logprobs: None,
             n: 1,
             ignore_eos: false,
-            format: match self.format {
-                FormatArg::Text => OutputFormat::Text,
-                FormatArg::JsonObject => OutputFormat::JsonObject,
-            },
-        }
+            format,
+        })
     }
 }
 
@@ -180,7 +195,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         prompt_ids.len()
     );
     // The paged KV cache: a pool sized for this one sequence, filled block by block on demand.
-    let params = args.sampling.params();
+    let params = args.sampling.params()?;
     let capacity = (prompt_ids.len() + params.max_tokens).min(context_len);
     let config = single_sequence_config(&model.shape, capacity, args.kv_type)?;
     let model = Arc::new(model);

@@ -172,8 +172,8 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
 
     let mut turn = |text: &str| -> anyhow::Result<serde_json::Value> {
         let started = std::time::Instant::now();
-        let mut request =
-            Request::turn(&args.session, text, args.sampling.params()).with_priority(args.priority);
+        let mut request = Request::turn(&args.session, text, args.sampling.params()?)
+            .with_priority(args.priority);
         request.session = Some(SessionTurn {
             name: args.session.clone(),
             system: args.system.clone(),

@@ -177,6 +177,40 @@ fn run_constrained_to_json_writes_json_and_logit_bias_steers_tokens() {
         forced["generated_token_ids"],
         serde_json::json!([300, 300, 300, 300])
     );
+    // A schema holds even the story model to an instance: an enum and a boolean close it.
+    let dir = std::env::temp_dir().join(format!("airs-cli-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("mood.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]},
+            "sunny": {"type": "boolean"}}, "required": ["mood", "sunny"]}"#,
+    )
+    .unwrap();
+    let v = json_of(&[
+        "run",
+        "-n",
+        "64",
+        "--json-schema",
+        path_str(&schema),
+        "--json",
+    ]);
+    let reply: Value = serde_json::from_str(v["text"].as_str().unwrap()).expect("an instance");
+    assert!(
+        ["happy", "sad"].contains(&reply["mood"].as_str().unwrap()),
+        "{reply}"
+    );
+    assert!(reply["sunny"].is_boolean(), "{reply}");
+    assert_eq!(v["stop_reason"], "eos");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}}"#,
+    )
+    .unwrap();
+    let out = airs(&["run", "--json-schema", path_str(&schema)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"format\""));
+    std::fs::remove_dir_all(&dir).unwrap();
     let out = airs(&["run", "--logit-bias", "7"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ID=BIAS"));

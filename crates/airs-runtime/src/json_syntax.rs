@@ -200,7 +200,8 @@ impl JsonSyntax {
     }
 
     /// Whether the text is inside a string with no escape or character pending: then any
-    /// printable ASCII but `"` and `\\` continues it and leaves this state as it is.
+    /// whole UTF-8 characters but `"`, `\` and control characters continue it and leave this
+    /// state as it is.
     pub fn in_plain_string(&self) -> bool {
         matches!(
             self.expect,
