@@ -12,20 +12,20 @@
 //! ("sample, then check, then apply the grammar to all candidates and resample"), which keeps
 //! the constraint's cost off the draws that need none.
 //!
-//! The mask: tokens are bucketed by their first byte ([`VocabBytes`]); a bucket whose first
-//! byte cannot come next is skipped whole, so after a `:` or `,` only a few thousand tokens
+//! The mask: tokens are grouped by their first two bytes ([`VocabBytes`]); a group whose
+//! opening cannot come next is skipped whole, so after a `:` or `,` only a few hundred tokens
 //! are checked. Inside a string, the tokens of whole UTF-8 characters without `"`, `\` or
 //! control characters (145,453 of Qwen2.5's 151,936) continue it whatever it holds, so they
 //! are let through unchecked and only the others are checked. End-of-generation tokens and
 //! tokens that decode to no bytes (control tokens) are never drawn: the constraint ends the
 //! choice itself when the object is complete.
 //!
-//! Cost: building [`VocabBytes`] once per model (a pass over the vocabulary: ~3 MB and 6-11
+//! Cost: building [`VocabBytes`] once per model (a pass over the vocabulary: ~3.5 MB and ~12
 //! ms for Qwen2.5's 151,936 tokens); per draw one check of the drawn token's bytes (10-110
-//! ns); per redraw a mask over the allowed buckets (each check O(bytes of the token)) and a
-//! copy of the logits: 0.2-0.3 ms inside a string, 0.4-0.9 ms elsewhere on Qwen2.5, single
-//! thread (`cargo bench -p airs-runtime --bench constraint`). Redraws are rare once a model
-//! writes JSON: 3-4 in 128 tokens of Qwen2.5 at temperature 1 continuing "Once upon a time".
+//! ns); per redraw a mask and a copy of the logits: 20-60 µs after structure (`{`, `:`, a
+//! number), 0.2-0.35 ms inside a string, on Qwen2.5, single thread (`cargo bench -p
+//! airs-runtime --bench constraint`). Redraws are rare once a model writes JSON: 3-4 in 128
+//! tokens of Qwen2.5 at temperature 1 continuing "Once upon a time".
 
 use std::sync::Arc;
 
@@ -35,19 +35,60 @@ use crate::json_schema::Schema;
 use crate::json_syntax::JsonSyntax;
 use crate::schema_syntax::SchemaSyntax;
 
-/// Every token's bytes as it decodes in generated text, and the tokens by first byte.
+/// Token ids grouped by their first two bytes, so that a mask skips every group whose opening
+/// the text cannot take (after `{`, the tens of thousands of tokens that open with a space
+/// and a letter, in one check).
+#[derive(Debug)]
+struct ByPrefix {
+    ids: Vec<u32>,
+    /// Group `258·b` holds the one-byte token `b`, group `258·b + 1 + c` the tokens that open
+    /// with `b c`: `ids[starts[g]..starts[g + 1]]`.
+    starts: Vec<u32>,
+}
+
+impl ByPrefix {
+    const GROUPS: usize = 256 * 258;
+
+    fn group_of(token: &[u8]) -> usize {
+        258 * usize::from(token[0]) + token.get(1).map_or(0, |&c| 1 + usize::from(c))
+    }
+
+    /// Group `tokens` (id and non-empty bytes), by a counting sort.
+    fn new<'a>(tokens: impl Iterator<Item = (u32, &'a [u8])> + Clone) -> ByPrefix {
+        let mut starts = vec![0u32; ByPrefix::GROUPS + 1];
+        for (_, t) in tokens.clone() {
+            starts[ByPrefix::group_of(t) + 1] += 1;
+        }
+        for g in 0..ByPrefix::GROUPS {
+            starts[g + 1] += starts[g];
+        }
+        let mut at = starts.clone();
+        let mut ids = vec![0; starts[ByPrefix::GROUPS] as usize];
+        for (id, t) in tokens {
+            let g = ByPrefix::group_of(t);
+            ids[at[g] as usize] = id;
+            at[g] += 1;
+        }
+        ByPrefix { ids, starts }
+    }
+
+    fn group(&self, g: usize) -> &[u32] {
+        &self.ids[self.starts[g] as usize..self.starts[g + 1] as usize]
+    }
+}
+
+/// Every token's bytes as it decodes in generated text, and the tokens grouped for masks.
 #[derive(Debug)]
 pub struct VocabBytes {
     bytes: Vec<u8>,
     /// Token `id`'s bytes are `bytes[starts[id]..starts[id + 1]]`.
     starts: Vec<u32>,
-    /// The tokens that decode to bytes and do not end generation, by their first byte.
-    by_first_byte: Vec<Vec<u32>>,
+    /// The tokens that decode to bytes and do not end generation.
+    all: ByPrefix,
     /// Of those, the tokens of whole UTF-8 characters without `"`, `\` or control characters
-    /// (they continue any string without changing what may follow), and the others by their
-    /// first byte.
-    plain: Vec<u32>,
-    other_by_first_byte: Vec<Vec<u32>>,
+    /// (they continue any string without changing what may follow), and the others.
+    string: Vec<u32>,
+    others: ByPrefix,
 }
 
 impl VocabBytes {
@@ -56,42 +97,44 @@ impl VocabBytes {
         let vocab = tokenizer.vocab_len();
         let mut bytes = Vec::new();
         let mut starts = Vec::with_capacity(vocab + 1);
-        let mut by_first_byte = vec![Vec::new(); 256];
-        let mut other_by_first_byte = vec![Vec::new(); 256];
-        let mut plain = Vec::new();
         for id in 0..vocab as u32 {
-            let start = bytes.len();
-            starts.push(start as u32);
-            if tokenizer.is_end_of_generation(TokenId(id)) {
-                continue;
-            }
-            tokenizer.append_token_bytes(TokenId(id), false, &mut bytes);
-            let token = &bytes[start..];
-            if let Some(&first) = token.first() {
-                by_first_byte[usize::from(first)].push(id);
-                let in_any_string = std::str::from_utf8(token)
-                    .is_ok_and(|t| t.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\'));
-                if in_any_string {
-                    plain.push(id);
-                } else {
-                    other_by_first_byte[usize::from(first)].push(id);
-                }
+            starts.push(bytes.len() as u32);
+            if !tokenizer.is_end_of_generation(TokenId(id)) {
+                tokenizer.append_token_bytes(TokenId(id), false, &mut bytes);
             }
         }
         starts.push(bytes.len() as u32);
+        let token =
+            |id: u32| &bytes[starts[id as usize] as usize..starts[id as usize + 1] as usize];
+        let in_any_string = |t: &[u8]| {
+            std::str::from_utf8(t)
+                .is_ok_and(|t| t.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\'))
+        };
+        let string_safe: Vec<bool> = (0..vocab as u32)
+            .map(|id| in_any_string(token(id)))
+            .collect();
+        let texts = (0..vocab as u32)
+            .map(|id| (id, token(id)))
+            .filter(|(_, t)| !t.is_empty());
+        let all = ByPrefix::new(texts.clone());
+        let others = ByPrefix::new(texts.clone().filter(|&(id, _)| !string_safe[id as usize]));
+        let string = texts
+            .filter(|&(id, _)| string_safe[id as usize])
+            .map(|(id, _)| id)
+            .collect();
         VocabBytes {
             bytes,
             starts,
-            by_first_byte,
-            plain,
-            other_by_first_byte,
+            all,
+            string,
+            others,
         }
     }
 
     /// How many tokens continue any string unchanged (whole UTF-8 characters, no `"`, `\` or
     /// control character).
     pub fn string_tokens(&self) -> usize {
-        self.plain.len()
+        self.string.len()
     }
 
     /// Token `id`'s bytes (empty for an end-of-generation, control or unknown id).
@@ -161,31 +204,47 @@ impl JsonConstraint {
             Syntax::Object(s) => s.in_plain_string(),
             Syntax::Schema(s) => s.in_plain_string(),
         };
-        let buckets = if in_string {
-            for &id in &self.vocab.plain {
+        let groups = if in_string {
+            for &id in &self.vocab.string {
                 if let Some(&logit) = logits.get(id as usize) {
                     masked[id as usize] = logit;
                     allowed += 1;
                 }
             }
-            &self.vocab.other_by_first_byte
+            &self.vocab.others
         } else {
-            &self.vocab.by_first_byte
+            &self.vocab.all
         };
-        for (first, bucket) in buckets.iter().enumerate() {
-            let Some(after_first) = self.after(self.syntax, &[first as u8]) else {
+        let mut allow = |id: u32| {
+            if let Some(&logit) = logits.get(id as usize) {
+                masked[id as usize] = logit;
+                allowed += 1;
+            }
+        };
+        for first in 0..=255u8 {
+            let Some(after_first) = self.after(self.syntax, &[first]) else {
                 continue;
             };
-            for &id in bucket {
-                let Some(&logit) = logits.get(id as usize) else {
+            let base = 258 * usize::from(first);
+            groups.group(base).iter().for_each(|&id| allow(id));
+            if groups.starts[base + 1] == groups.starts[base + 257] {
+                continue;
+            }
+            for second in 0..=255u8 {
+                let group = groups.group(base + 1 + usize::from(second));
+                if group.is_empty() {
+                    continue;
+                }
+                let Some(after_second) = self.after(after_first, &[second]) else {
                     continue;
                 };
-                if self
-                    .after(after_first, &self.vocab.token(id)[1..])
-                    .is_some()
-                {
-                    masked[id as usize] = logit;
-                    allowed += 1;
+                for &id in group {
+                    if self
+                        .after(after_second, &self.vocab.token(id)[2..])
+                        .is_some()
+                    {
+                        allow(id);
+                    }
                 }
             }
         }
