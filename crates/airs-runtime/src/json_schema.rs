@@ -241,7 +241,15 @@ impl Schema {
             nodes: c.nodes,
             root,
         };
-        if !matches!(s.node(root), Node::Object(_) | Node::AnyObject) {
+        // Through references to what they name (a cycle of them names nothing).
+        let mut named = root;
+        for _ in 0..s.nodes.len() {
+            match s.node(named) {
+                Node::AnyOf(alts) if alts.len() == 1 => named = alts[0],
+                _ => break,
+            }
+        }
+        if !matches!(s.node(named), Node::Object(_) | Node::AnyObject) {
             return Err(SchemaError {
                 path: "#".into(),
                 message: "the root schema must be an object (\"type\": \"object\")".into(),
@@ -364,22 +372,41 @@ impl<'a> Compiler<'a> {
             _ => return Err(err(path, "a schema must be an object or true".into())),
         };
         if let Some(r) = v.get("$ref") {
+            check_keywords(members, &["$ref", "$defs", "definitions"], path)?;
             return self.reference(r, path);
         }
-        if let Some(c) = v.get("const") {
-            return self.literals(vec![c.to_json().into_bytes()], path);
-        }
-        if let Some(e) = v.get("enum") {
-            let SchemaValue::Array(values) = e else {
-                return Err(err(path, "enum must be an array".into()));
-            };
-            if values.is_empty() {
-                return Err(err(path, "enum must not be empty".into()));
+        let literals = match (v.get("const"), v.get("enum")) {
+            (Some(_), Some(_)) => return Err(err(path, "both const and enum".into())),
+            (Some(c), None) => Some(vec![c]),
+            (None, Some(SchemaValue::Array(values))) => Some(values.iter().collect()),
+            (None, Some(_)) => return Err(err(path, "enum must be an array".into())),
+            (None, None) => None,
+        };
+        if let Some(values) = literals {
+            check_keywords(members, &["const", "enum", "type"], path)?;
+            // A `type` beside them keeps the values of that type.
+            let types = type_names(v, path)?;
+            let mut texts: Vec<Vec<u8>> = values
+                .into_iter()
+                .filter(|x| {
+                    types
+                        .as_ref()
+                        .is_none_or(|t| t.iter().any(|t| has_type(x, t)))
+                })
+                .map(|x| x.to_json().into_bytes())
+                .collect();
+            if texts.is_empty() {
+                return Err(err(
+                    path,
+                    "no enum or const value (of the schema's type)".into(),
+                ));
             }
-            let mut texts: Vec<Vec<u8>> = values.iter().map(|x| x.to_json().into_bytes()).collect();
             texts.sort();
             texts.dedup();
             return self.literals(texts, path);
+        }
+        if v.get("anyOf").is_some() && v.get("oneOf").is_some() {
+            return Err(err(path, "both anyOf and oneOf".into()));
         }
         for key in ["anyOf", "oneOf"] {
             if let Some(alts) = v.get(key) {
@@ -389,6 +416,7 @@ impl<'a> Compiler<'a> {
                 if alts.is_empty() {
                     return Err(err(path, format!("{key} must not be empty")));
                 }
+                check_keywords(members, &[key, "$defs", "definitions"], path)?;
                 let ids = alts
                     .iter()
                     .enumerate()
@@ -397,26 +425,17 @@ impl<'a> Compiler<'a> {
                 return self.push(Node::AnyOf(ids), path);
             }
         }
-        let types: Vec<&str> = match v.get("type") {
-            None => {
-                // No type: an object if it lists properties, else any value.
-                if v.get("properties").is_some() {
-                    vec!["object"]
-                } else {
-                    check_keywords(members, &["$defs", "definitions"], path)?;
-                    return self.push(Node::Any, path);
-                }
+        let Some(types) = type_names(v, path)? else {
+            // No type: an object if it lists properties, else any value.
+            if v.get("properties").is_some() {
+                return self.typed("object", v, members, path);
             }
-            Some(SchemaValue::String(t)) => vec![t.as_str()],
-            Some(SchemaValue::Array(ts)) => ts
-                .iter()
-                .map(|t| match t {
-                    SchemaValue::String(t) => Ok(t.as_str()),
-                    _ => Err(err(path, "type must be a string or strings".into())),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(err(path, "type must be a string or strings".into())),
+            check_keywords(members, &["$defs", "definitions"], path)?;
+            return self.push(Node::Any, path);
         };
+        if types.is_empty() {
+            return Err(err(path, "type must name at least one type".into()));
+        }
         let mut ids = Vec::new();
         for t in &types {
             ids.push(self.typed(t, v, members, path)?);
@@ -574,6 +593,38 @@ impl<'a> Compiler<'a> {
             _ => Node::AnyOf(vec![id]),
         };
         Ok(at)
+    }
+}
+
+/// The names in `type` (a string or a list of strings), if it is there.
+fn type_names<'v>(v: &'v SchemaValue, path: &str) -> Result<Option<Vec<&'v str>>, SchemaError> {
+    let bad = || err(path, "type must be a string or strings".into());
+    match v.get("type") {
+        None => Ok(None),
+        Some(SchemaValue::String(t)) => Ok(Some(vec![t.as_str()])),
+        Some(SchemaValue::Array(ts)) => ts
+            .iter()
+            .map(|t| match t {
+                SchemaValue::String(t) => Ok(t.as_str()),
+                _ => Err(bad()),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Whether `value` is of JSON Schema type `name`.
+fn has_type(value: &SchemaValue, name: &str) -> bool {
+    match (name, value) {
+        ("null", SchemaValue::Null)
+        | ("boolean", SchemaValue::Bool(_))
+        | ("number", SchemaValue::Number(_))
+        | ("string", SchemaValue::String(_))
+        | ("array", SchemaValue::Array(_))
+        | ("object", SchemaValue::Object(_)) => true,
+        ("integer", SchemaValue::Number(n)) => n.is_i64() || n.is_u64(),
+        _ => false,
     }
 }
 

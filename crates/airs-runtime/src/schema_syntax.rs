@@ -528,6 +528,26 @@ mod tests {
                 r##"{"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}"##,
                 "itself",
             ),
+            (
+                r##"{"type": "object", "properties": {"a": {"enum": ["x"], "pattern": "y"}}}"##,
+                "pattern",
+            ),
+            (
+                r##"{"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}], "minimum": 1}}}"##,
+                "minimum",
+            ),
+            (
+                r##"{"type": "object", "properties": {"a": {"$ref": "#/$defs/b", "maxLength": 1}}, "$defs": {"b": {}}}"##,
+                "maxLength",
+            ),
+            (
+                r##"{"type": "object", "properties": {"a": {"type": "integer", "enum": ["x"]}}}"##,
+                "enum",
+            ),
+            (
+                r##"{"type": "object", "properties": {"a": {"type": []}}}"##,
+                "at least one",
+            ),
         ] {
             let e = schema(json).unwrap_err();
             assert!(e.to_string().contains(says), "{json}: {e}");
@@ -538,6 +558,19 @@ mod tests {
             many.join(",")
         ));
         assert!(e.unwrap_err().to_string().contains("64"));
+    }
+
+    #[test]
+    fn a_type_beside_an_enum_keeps_the_values_of_that_type() {
+        let s = schema(r##"{"properties": {"a": {"type": "string", "enum": ["x", 1, null]}}}"##)
+            .unwrap();
+        assert!(complete(&s, r#"{"a":"x"}"#));
+        assert!(!complete(&s, r#"{"a":1}"#));
+        assert!(!complete(&s, r#"{"a":null}"#));
+        // A root that refers to an object is an object.
+        let s = schema(r##"{"$ref": "#/$defs/o", "$defs": {"o": {"properties": {"b": {}}}}}"##)
+            .unwrap();
+        assert!(complete(&s, r#"{"b":[1]}"#));
     }
 
     #[test]
