@@ -154,6 +154,11 @@ def api(args):
         c, args, haiku, max_tokens=160, response_format={"type": "json_object"}, stream=True)
         if ch.choices)
     check(streamed == rj.choices[0].message.content, "the JSON streams as it answers")
+    cj = c.completions.create(model=args.model, prompt="A JSON object describing a dog:",
+                              max_tokens=120, temperature=0,
+                              extra_body={"response_format": {"type": "json_object"}})
+    check(isinstance(json.loads(cj.choices[0].text), dict) and cj.choices[0].finish_reason == "stop",
+          f"a completion takes response_format too: {cj.choices[0].text!r}")
     # json_schema, as the client's structured outputs send it (a strict schema from a pydantic
     # model) and parse the reply back into the model.
     from typing import Literal
