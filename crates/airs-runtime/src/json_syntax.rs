@@ -4,7 +4,7 @@
 //! when the checker accepts all its bytes.
 //!
 //! What it accepts: one object at the top level (OpenAI's `json_object` response format),
-//! after optional whitespace; inside it any JSON values, with strings that are valid UTF-8
+//! or one value of any kind ([`JsonSyntax::value`]); inside it any JSON values, with strings that are valid UTF-8
 //! (no unescaped control characters, no `\u` escape of a surrogate half, which `serde_json`
 //! and most parsers refuse when it stands alone) and numbers as the grammar writes them.
 //! Bounds that keep a constrained model from running away, which JSON of the kind a client
@@ -142,10 +142,37 @@ pub struct JsonSyntax {
     objects: u64,
     /// Open containers.
     depth: u8,
-    /// The current run of whitespace between tokens: its bytes, and whether it began with a
-    /// newline.
-    whitespace: u8,
+    /// The current run of whitespace between tokens.
+    space: Whitespace,
+}
+
+/// A run of whitespace between JSON tokens, as the checkers bound it: `" "`, or `"\n"` and at
+/// most [`MAX_INDENT`] spaces or tabs.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Whitespace {
+    /// Bytes so far, and whether the first was a newline.
+    bytes: u8,
     newline: bool,
+}
+
+impl Whitespace {
+    /// Whether `byte` is whitespace between tokens (then [`Whitespace::push`] it).
+    pub(crate) fn is_space(byte: u8) -> bool {
+        matches!(byte, b' ' | b'\t' | b'\n')
+    }
+
+    /// Take one more whitespace byte; false past the bound.
+    pub(crate) fn push(&mut self, byte: u8) -> bool {
+        let ok = match self.bytes {
+            0 => byte != b'\t',
+            _ => self.newline && byte != b'\n' && self.bytes <= MAX_INDENT,
+        };
+        if ok {
+            self.newline |= self.bytes == 0 && byte == b'\n';
+            self.bytes += 1;
+        }
+        ok
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<JsonSyntax>() == 16);
@@ -163,8 +190,7 @@ impl JsonSyntax {
             expect: Expect::Top,
             objects: 0,
             depth: 0,
-            whitespace: 0,
-            newline: false,
+            space: Whitespace::default(),
         }
     }
 
@@ -252,26 +278,12 @@ impl JsonSyntax {
             }
             Expect::Done => false,
             Expect::Top | Expect::TopValue => self.token(self.expect, byte),
-            _ if matches!(byte, b' ' | b'\t' | b'\n') => self.space(byte),
+            _ if Whitespace::is_space(byte) => self.space.push(byte),
             expect => {
-                self.whitespace = 0;
-                self.newline = false;
+                self.space = Whitespace::default();
                 self.token(expect, byte)
             }
         }
-    }
-
-    /// Whitespace between tokens: `" "`, or `"\n"` and up to [`MAX_INDENT`] spaces or tabs.
-    fn space(&mut self, byte: u8) -> bool {
-        let ok = match self.whitespace {
-            0 => byte != b'\t',
-            _ => self.newline && byte != b'\n' && self.whitespace <= MAX_INDENT,
-        };
-        if ok {
-            self.newline |= self.whitespace == 0 && byte == b'\n';
-            self.whitespace += 1;
-        }
-        ok
     }
 
     /// A structural byte or the first byte of a value, in state `expect` (not inside a

@@ -3,14 +3,14 @@
 //! schema accepts, and when they are one. [`crate::constraint`] draws only tokens it accepts,
 //! as it does for plain JSON objects with [`JsonSyntax`].
 //!
-//! Design: a pushdown automaton over the schema's graph. Objects with listed properties,
-//! arrays and literal sets (`enum`, `const`) are frames of its own stack; every other value
-//! (strings, numbers, booleans, null, untyped or property-less parts) is a [`JsonSyntax`] in
-//! value mode inside one frame. Whitespace between tokens follows [`JsonSyntax`]'s rule (one
-//! space, or one newline and at most [`MAX_INDENT`] spaces or tabs). Object keys are matched as
-//! literal texts, every candidate at once (a property that is not required may be skipped) in
-//! a 64-bit mask; a value's first byte picks the `anyOf` alternative (they start differently,
-//! checked when compiling).
+//! Design: a pushdown automaton over the schema's graph. Objects with listed properties, arrays
+//! and literal sets (`enum`, `const`) are frames of its own stack; every other value (strings,
+//! numbers, booleans, null, untyped or property-less parts) is a [`JsonSyntax`] in value mode
+//! inside one frame. Whitespace between tokens follows [`JsonSyntax`]'s rule (one space, or one
+//! newline and at most [`crate::json_syntax::MAX_INDENT`] spaces or tabs). Object keys are
+//! matched as literal texts, every candidate at once (a property that is not required may be
+//! skipped) in a 64-bit mask; a value's first byte picks the `anyOf` alternative (they start
+//! differently, checked when compiling).
 //!
 //! The state is `Copy` and holds no reference to the schema (each call takes it), so checking
 //! a candidate token copies [`SchemaSyntax`] (400 bytes) and allocates nothing. Nesting deeper
@@ -19,7 +19,7 @@
 //! Cost: O(1) per byte; a key byte O(candidate properties), a literal byte O(literals).
 
 use crate::json_schema::{Node, NodeId, Schema};
-use crate::json_syntax::{JsonSyntax, MAX_INDENT};
+use crate::json_syntax::{JsonSyntax, Whitespace};
 
 /// Most frames on the stack: nested objects, arrays, and the value being read.
 pub const MAX_FRAMES: usize = 16;
@@ -73,16 +73,11 @@ pub struct SchemaSyntax {
     len: u8,
     /// The root value is complete.
     done: bool,
-    /// The current run of whitespace between tokens, and whether it began with a newline.
-    whitespace: u8,
-    newline: bool,
+    /// The current run of whitespace between tokens.
+    space: Whitespace,
 }
 
 const _: () = assert!(std::mem::size_of::<SchemaSyntax>() <= 400);
-
-fn is_space(byte: u8) -> bool {
-    matches!(byte, b' ' | b'\t' | b'\n')
-}
 
 impl SchemaSyntax {
     /// A checker before the first byte of a value of `schema`.
@@ -93,8 +88,7 @@ impl SchemaSyntax {
             frames,
             len: 1,
             done: false,
-            whitespace: 0,
-            newline: false,
+            space: Whitespace::default(),
         }
     }
 
@@ -140,18 +134,6 @@ impl SchemaSyntax {
     fn close(&mut self) {
         self.len -= 1;
         self.done = self.len == 0;
-    }
-
-    fn space(&mut self, byte: u8) -> bool {
-        let ok = match self.whitespace {
-            0 => byte != b'\t',
-            _ => self.newline && byte != b'\n' && self.whitespace <= MAX_INDENT,
-        };
-        if ok {
-            self.newline |= self.whitespace == 0 && byte == b'\n';
-            self.whitespace += 1;
-        }
-        ok
     }
 
     /// Feed one byte; false when it cannot continue the text (the state is then unspecified:
@@ -232,11 +214,10 @@ impl SchemaSyntax {
                 else {
                     unreachable!("an array frame's node is an array")
                 };
-                if is_space(byte) {
-                    return self.space(byte);
+                if Whitespace::is_space(byte) {
+                    return self.space.push(byte);
                 }
-                self.whitespace = 0;
-                self.newline = false;
+                self.space = Whitespace::default();
                 match (open, byte) {
                     (true, b']') if count == 0 && min_items == 0 => {
                         self.close();
@@ -304,11 +285,10 @@ impl SchemaSyntax {
             self.set_top(Frame::Object { node, next, at });
             return true;
         }
-        if is_space(byte) {
-            return self.space(byte);
+        if Whitespace::is_space(byte) {
+            return self.space.push(byte);
         }
-        self.whitespace = 0;
-        self.newline = false;
+        self.space = Whitespace::default();
         let rest_optional = props[next_at..].iter().all(|p| !p.required);
         let at = match (at, byte) {
             (ObjectAt::Key { .. }, b'"') => {
