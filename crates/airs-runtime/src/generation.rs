@@ -109,6 +109,9 @@ pub(crate) struct Draw {
     logprobs: Option<TokenLogprobs>,
     /// The output format's constraint allowed no token at all (the choice ends).
     blocked: bool,
+    /// The first draw broke the output format's constraint and the token was drawn again
+    /// from the allowed ones.
+    pub(crate) redrawn: bool,
 }
 
 /// One choice's decode state (see the module documentation).
@@ -164,10 +167,11 @@ impl Generation {
     /// log-probabilities are the model's, before the constraint.
     pub(crate) fn draw(&mut self, logits: &[f32], sequence: &[u32]) -> Draw {
         let mut token = self.sampler.sample(logits, sequence);
-        let mut blocked = false;
+        let (mut blocked, mut redrawn) = (false, false);
         if let Some(json) = &mut self.json
             && !json.allows(token)
         {
+            redrawn = true;
             match json.mask(logits) {
                 Some(allowed) => token = self.sampler.sample(allowed, sequence),
                 None => blocked = true,
@@ -181,6 +185,7 @@ impl Generation {
             token,
             logprobs,
             blocked,
+            redrawn,
         }
     }
 

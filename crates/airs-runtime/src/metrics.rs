@@ -107,6 +107,9 @@ pub struct SchedulerStats {
     /// Positions recomputed after their KV was evicted or preempted.
     pub rebuilt_tokens: u64,
     pub generated_tokens: u64,
+    /// Draws of constrained requests (`response_format`) that broke the constraint and were
+    /// drawn again from the allowed tokens (each a mask over the vocabulary).
+    pub constrained_redraws: u64,
     /// Prompt tokens looked up in the prefix cache, and those found there.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,

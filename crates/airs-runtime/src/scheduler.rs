@@ -1793,6 +1793,7 @@ impl Scheduler {
 
     /// Accept the token `id` drew: extend the sequence, stream it, end the choice if it ends.
     fn accept_drawn(&mut self, id: SeqId, draw: Draw) {
+        self.stats.constrained_redraws += u64::from(draw.redrawn);
         let context_len = self.model.context_len();
         let model = Arc::clone(&self.model);
         let seq = self.seq_mut(id);

@@ -95,12 +95,18 @@ fn qwen_asked_for_json_answers_with_one_object() {
         for format in [OutputFormat::Text, OutputFormat::JsonObject] {
             let mut p = params(160, format.clone(), 0.0, 0);
             p.n = 1;
+            let redraws = s.stats().constrained_redraws;
             let c = s.serve(Request::generate(prompt.clone(), p)).unwrap();
             let choice = &c.choices[0];
             eprintln!("{ask} {format:?}: {:?} {:?}", choice.reason, choice.text);
             if format == OutputFormat::Text {
                 assert_eq!(json_state(&choice.text) == Some(true), unasked_is_json);
+                assert_eq!(s.stats().constrained_redraws, redraws);
                 continue;
+            }
+            // Where the model would not open with `{`, the first draw is redrawn (counted).
+            if !unasked_is_json {
+                assert!(s.stats().constrained_redraws > redraws);
             }
             assert_eq!(choice.reason, FinishReason::EndOfGeneration);
             let v: Value = serde_json::from_str(&choice.text).expect("one JSON object");

@@ -227,6 +227,14 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         "Tokens generated.",
         &per(&|s| s.stats.generated_tokens as f64),
     );
+    family(
+        &mut out,
+        "airs_constrained_redraws_total",
+        "counter",
+        "Draws of requests with a response_format that broke it and were drawn again from the \
+         tokens it allows.",
+        &per(&|s| s.stats.constrained_redraws as f64),
+    );
     let ttft: Vec<(String, Histogram)> = snapshots
         .iter()
         .map(|(l, s, _)| (l.clone(), s.stats.time_to_first_token.clone()))

@@ -176,6 +176,10 @@ def api(args):
         cat = rp.choices[0].message.parsed
         check(isinstance(cat, Cat) and rp.choices[0].finish_reason == "stop",
               f"json_schema: {ask!r} is answered with a Cat: {cat!r}")
+    redraws = [l for l in raw(args, "GET", "/metrics")[2].decode().splitlines()
+               if l.startswith("airs_constrained_redraws_total")]
+    check(redraws and float(redraws[0].split()[-1]) > 0,
+          f"/metrics counts the constrained redraws: {redraws}")
     try:
         chat(c, args, haiku, max_tokens=8, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {
