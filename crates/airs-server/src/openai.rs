@@ -13,8 +13,9 @@
 //! enforces, any other schema refused with 400), `user` (accepted,
 //! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
 //! persistent conversation's name: the client sends only the new message). Unknown fields are
-//! accepted and ignored. Sampling defaults are llama.cpp's server's (temperature 0.8, top-k 40,
-//! top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or min-p),
+//! accepted and ignored, except `tools` and `functions` (function calling), which are refused
+//! with 400 rather than ignored. Sampling defaults are llama.cpp's server's (temperature 0.8,
+//! top-k 40, top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or min-p),
 //! because small local models need the tail cut; `max_tokens` defaults to the rest of the
 //! context.
 //!
@@ -155,6 +156,12 @@ pub struct ChatRequest {
     /// airs: the persistent session this message belongs to.
     #[serde(default)]
     pub session: Option<String>,
+    /// Function calling (and its legacy form): refused when given, never ignored, so that an
+    /// agent learns at once that no tool call will come.
+    #[serde(default)]
+    pub tools: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default)]
+    pub functions: Option<Vec<serde::de::IgnoredAny>>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -472,6 +479,15 @@ pub fn chat_request(
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty"));
     }
+    if [&req.tools, &req.functions]
+        .iter()
+        .any(|t| t.as_ref().is_some_and(|t| !t.is_empty()))
+    {
+        return Err(ApiError::bad_request(
+            "tools (function calling) are not supported: airs generates text, or JSON of a \
+             schema with response_format json_schema",
+        ));
+    }
     if req.messages.len() > MAX_MESSAGES {
         return Err(ApiError::bad_request(format!(
             "at most {MAX_MESSAGES} messages, not {}",
@@ -759,5 +775,30 @@ mod tests {
             .map(|i| format!(r#""{i}": 1"#))
             .collect();
         assert!(bias(&format!("{{{}}}", many.join(","))).is_err());
+    }
+
+    #[test]
+    fn function_calling_is_refused_not_ignored() {
+        let model = airs_runtime::LoadedModel::embedded(
+            airs_runtime::EMBEDDED_MODEL,
+            airs_runtime::EMBEDDED_MODEL_NAME,
+            &airs_memory::ModelPool::new(u64::MAX),
+            1,
+        )
+        .unwrap();
+        let request = |extra: &str| {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#);
+            let r = parse::<ChatRequest>(body.as_bytes(), "chat").unwrap();
+            chat_request(&r, &model).map(|_| ())
+        };
+        assert!(request("").is_ok());
+        assert!(request(r#", "tools": []"#).is_ok());
+        for extra in [
+            r#", "tools": [{"type": "function", "function": {"name": "f"}}]"#,
+            r#", "functions": [{"name": "f"}]"#,
+        ] {
+            let e = request(extra).unwrap_err();
+            assert!(e.message.contains("tools"), "{e:?}");
+        }
     }
 }

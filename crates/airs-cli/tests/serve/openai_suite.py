@@ -176,6 +176,12 @@ def api(args):
         cat = rp.choices[0].message.parsed
         check(isinstance(cat, Cat) and rp.choices[0].finish_reason == "stop",
               f"json_schema: {ask!r} is answered with a Cat: {cat!r}")
+    try:
+        chat(c, args, haiku, max_tokens=8, tools=[{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}])
+        check(False, "tools are refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "tools" in str(e), "function calling gets 400, not silence")
     redraws = [l for l in raw(args, "GET", "/metrics")[2].decode().splitlines()
                if l.startswith("airs_constrained_redraws_total")]
     check(redraws and float(redraws[0].split()[-1]) > 0,
