@@ -16,7 +16,7 @@
 //! a candidate token copies [`SchemaSyntax`] (400 bytes) and allocates nothing. Nesting deeper
 //! than [`MAX_FRAMES`] frames (a recursive schema) is refused.
 //!
-//! Cost: O(1) per byte; a key byte O(candidate properties), a literal byte O(literals).
+//! Cost: O(1) per byte; a key byte O(candidate properties), a literal byte O(log literals).
 
 use crate::json_schema::{Node, NodeId, Schema};
 use crate::json_syntax::{JsonSyntax, Whitespace};
@@ -179,12 +179,19 @@ impl SchemaSyntax {
                 };
                 let at = usize::from(matched);
                 let range = usize::from(lo)..usize::from(hi);
-                let continues = |t: &&Vec<u8>| t.get(at) == Some(&byte);
-                let first = texts[range.clone()].iter().position(|t| continues(&t));
-                match first {
-                    Some(first) => {
-                        let lo = range.start + first;
-                        let hi = lo + texts[lo..range.end].iter().take_while(continues).count();
+                // The range shares its first `at` bytes and is sorted: a text of exactly `at`
+                // bytes first, then by byte `at`. Two binary searches find the texts that
+                // continue with `byte` (a hostile enum of thousands of texts costs a mask
+                // O(log texts) per byte, not a scan).
+                let texts_here = &texts[range.clone()];
+                let below = |t: &Vec<u8>| t.len() <= at || t[at] < byte;
+                let through = |t: &Vec<u8>| t.len() <= at || t[at] <= byte;
+                let (first, end) = (
+                    range.start + texts_here.partition_point(below),
+                    range.start + texts_here.partition_point(through),
+                );
+                match (first < end).then_some((first, end)) {
+                    Some((lo, hi)) => {
                         if hi - lo == 1 && texts[lo].len() == at + 1 {
                             self.close();
                         } else {
@@ -538,6 +545,54 @@ mod tests {
             many.join(",")
         ));
         assert!(e.unwrap_err().to_string().contains("64"));
+    }
+
+    #[test]
+    fn literal_sets_narrow_by_prefix_and_a_whole_text_ends_where_a_longer_one_could_go_on() {
+        let s = schema(r##"{"properties": {"k": {"enum": ["a", "ab", "abc", "b", 1, 12, 123, [1], {"x": null}]}}}"##).unwrap();
+        for v in [
+            r#""a""#,
+            r#""ab""#,
+            r#""abc""#,
+            r#""b""#,
+            "1",
+            "12",
+            "123",
+            "[1]",
+            r#"{"x":null}"#,
+        ] {
+            assert!(complete(&s, &format!(r#"{{"k":{v}}}"#)), "{v}");
+            assert!(complete(&s, &format!(r#"{{"k":{v} }}"#)), "{v}");
+        }
+        for v in [
+            r#""abd""#,
+            r#""c""#,
+            "124",
+            "2",
+            "1.0",
+            "[1 ]",
+            r#"{"x": null}"#,
+            r#""""#,
+        ] {
+            assert!(!complete(&s, &format!(r#"{{"k":{v}}}"#)), "{v}");
+        }
+        // Thousands of texts sharing a long prefix: each byte is two binary searches.
+        let many: Vec<String> = (0..4000)
+            .map(|i| format!(r#""{}{i:04}""#, "x".repeat(64)))
+            .collect();
+        let s = schema(&format!(
+            r#"{{"properties": {{"k": {{"enum": [{}]}}}}}}"#,
+            many.join(",")
+        ))
+        .unwrap();
+        assert!(complete(
+            &s,
+            &format!(r#"{{"k":"{}3999"}}"#, "x".repeat(64))
+        ));
+        assert!(!complete(
+            &s,
+            &format!(r#"{{"k":"{}4000"}}"#, "x".repeat(64))
+        ));
     }
 
     #[test]
