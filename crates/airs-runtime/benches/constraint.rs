@@ -42,8 +42,9 @@ fn main() {
     );
     let vocab = Arc::new(VocabBytes::new(&model.tokenizer));
     println!(
-        "({} of {vocab_len} tokens continue any string unchecked)",
-        vocab.string_tokens()
+        "({} of {vocab_len} tokens continue any string unchecked; the table: {} bytes)",
+        vocab.string_tokens(),
+        vocab.heap_bytes()
     );
     // Logits of no particular shape: the mask's cost does not depend on them.
     let logits: Vec<f32> = (0..vocab_len).map(|i| (i % 97) as f32 * 0.1).collect();

@@ -20,12 +20,14 @@
 //! tokens that decode to no bytes (control tokens) are never drawn: the constraint ends the
 //! choice itself when the object is complete.
 //!
-//! Cost: building [`VocabBytes`] once per model (a pass over the vocabulary: ~3.5 MB and ~12
-//! ms for Qwen2.5's 151,936 tokens); per draw one check of the drawn token's bytes (10-110
-//! ns); per redraw a mask and a copy of the logits: 20-60 µs after structure (`{`, `:`, a
-//! number), 0.2-0.35 ms inside a string, on Qwen2.5, single thread (`cargo bench -p
-//! airs-runtime --bench constraint`). Redraws are rare once a model writes JSON: 3-4 in 128
-//! tokens of Qwen2.5 at temperature 1 continuing "Once upon a time".
+//! Cost: building [`VocabBytes`] once per model (a pass over the vocabulary: 3.3 MB and
+//! ~12.5 ms for Qwen2.5's 151,936 tokens); per draw one check of the drawn token's bytes
+//! (10-110 ns); per redraw a mask and a copy of the logits into a buffer of the choice's own
+//! (a vocabulary of f32, kept from its first redraw): 20-60 µs after structure (`{`, `:`, a
+//! number), 0.2-0.4 ms inside a string, on Qwen2.5, single thread (`cargo bench -p
+//! airs-runtime --bench constraint`, which prints the table's bytes too). Redraws are rare
+//! once a model writes JSON: 3-4 in 128 tokens of Qwen2.5 at temperature 1 continuing "Once
+//! upon a time".
 
 use std::sync::Arc;
 
@@ -129,6 +131,15 @@ impl VocabBytes {
             string,
             others,
         }
+    }
+
+    /// Bytes the table holds on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        let ids = |p: &ByPrefix| 4 * (p.ids.len() + p.starts.len());
+        self.bytes.len()
+            + 4 * (self.starts.len() + self.string.len())
+            + ids(&self.all)
+            + ids(&self.others)
     }
 
     /// How many tokens continue any string unchanged (whole UTF-8 characters, no `"`, `\` or

@@ -5,8 +5,8 @@
 //! produced — the draws ([`Generation::draw`], the O(vocab) part) of all of them on the
 //! engine's threads, then the rest in order; nothing else in airs samples.
 //!
-//! A request for JSON ([`crate::request::OutputFormat::JsonObject`]) draws only tokens that
-//! continue a JSON object and ends when the object closes ([`crate::constraint`]).
+//! A request for JSON ([`crate::request::OutputFormat`]: any object, or one of a schema) draws
+//! only tokens that continue it and ends when the object closes ([`crate::constraint`]).
 //!
 //! Stop strings are matched on the decoded text; text that could still grow into a stop string
 //! is held back until it cannot, so a stop string never reaches the caller. Incomplete UTF-8

@@ -28,8 +28,10 @@
 //! The schema is parsed into [`SchemaValue`], which keeps the order of object members
 //! (`serde_json::Value` sorts them).
 //!
-//! Cost: compiling is linear in the schema (bounded by the request body's size); the graph
-//! holds each property's key as its JSON text and each literal's text.
+//! Cost: compiling visits each schema once (bounded by the request body's size and
+//! [`MAX_NODES`]); the first-byte sets take as many passes over the nodes as the longest chain
+//! of references (at most [`MAX_NESTING`]). The graph holds each property's key as its JSON
+//! text and each literal's text.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -40,6 +42,8 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 pub const MAX_PROPERTIES: usize = 64;
 /// Most nodes a schema compiles to.
 pub const MAX_NODES: usize = 4096;
+/// Most schemas nested in one another, references followed.
+pub const MAX_NESTING: usize = 128;
 /// Most values of one `enum`, and most bytes of one literal's or key's JSON text.
 pub const MAX_LITERALS: usize = 4096;
 pub const MAX_LITERAL_BYTES: usize = 4096;
@@ -234,6 +238,7 @@ impl Schema {
             root: schema,
             nodes: Vec::new(),
             refs: HashMap::new(),
+            depth: 0,
         };
         let root = c.node(schema, "#")?;
         let mut s = Schema {
@@ -342,6 +347,8 @@ struct Compiler<'a> {
     root: &'a SchemaValue,
     nodes: Vec<Node>,
     refs: HashMap<String, NodeId>,
+    /// Schemas being compiled, nested (references included).
+    depth: usize,
 }
 
 impl<'a> Compiler<'a> {
@@ -365,7 +372,22 @@ impl<'a> Compiler<'a> {
         self.push(Node::Literals(texts), path)
     }
 
+    /// Compile `v`, at most [`MAX_NESTING`] schemas deep: a chain of references is not bounded
+    /// by the JSON parser's nesting limit, and each link is a recursive call.
     fn node(&mut self, v: &'a SchemaValue, path: &str) -> Result<NodeId, SchemaError> {
+        if self.depth == MAX_NESTING {
+            return Err(err(
+                path,
+                format!("schemas nested more than {MAX_NESTING} deep (references included)"),
+            ));
+        }
+        self.depth += 1;
+        let id = self.node_within_depth(v, path);
+        self.depth -= 1;
+        id
+    }
+
+    fn node_within_depth(&mut self, v: &'a SchemaValue, path: &str) -> Result<NodeId, SchemaError> {
         let members = match v {
             SchemaValue::Bool(true) => return self.push(Node::Any, path),
             SchemaValue::Object(m) => m,

@@ -364,6 +364,7 @@ impl JsonSyntax {
     }
 
     fn string(&mut self, key: bool, part: StrPart, byte: u8) -> bool {
+        let utf8 = |left, lo, hi| StrPart::Utf8 { left, lo, hi };
         let part = match part {
             StrPart::Plain => match byte {
                 b'"' => {
@@ -376,41 +377,15 @@ impl JsonSyntax {
                 }
                 b'\\' => StrPart::Escape,
                 0x20..=0x7F => StrPart::Plain,
-                0xC2..=0xDF => StrPart::Utf8 {
-                    left: 1,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xE0 => StrPart::Utf8 {
-                    left: 2,
-                    lo: 0xA0,
-                    hi: 0xBF,
-                },
-                0xE1..=0xEC | 0xEE..=0xEF => StrPart::Utf8 {
-                    left: 2,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xED => StrPart::Utf8 {
-                    left: 2,
-                    lo: 0x80,
-                    hi: 0x9F,
-                },
-                0xF0 => StrPart::Utf8 {
-                    left: 3,
-                    lo: 0x90,
-                    hi: 0xBF,
-                },
-                0xF1..=0xF3 => StrPart::Utf8 {
-                    left: 3,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xF4 => StrPart::Utf8 {
-                    left: 3,
-                    lo: 0x80,
-                    hi: 0x8F,
-                },
+                // A UTF-8 lead byte: continuation bytes to come, the range of the first (RFC
+                // 3629's table: no overlong forms, no surrogates, nothing past U+10FFFF).
+                0xC2..=0xDF => utf8(1, 0x80, 0xBF),
+                0xE0 => utf8(2, 0xA0, 0xBF),
+                0xE1..=0xEC | 0xEE..=0xEF => utf8(2, 0x80, 0xBF),
+                0xED => utf8(2, 0x80, 0x9F),
+                0xF0 => utf8(3, 0x90, 0xBF),
+                0xF1..=0xF3 => utf8(3, 0x80, 0xBF),
+                0xF4 => utf8(3, 0x80, 0x8F),
                 // Control characters, stray continuation bytes, overlong leads, > U+10FFFF.
                 _ => return false,
             },
@@ -421,11 +396,7 @@ impl JsonSyntax {
                 if left == 1 {
                     StrPart::Plain
                 } else {
-                    StrPart::Utf8 {
-                        left: left - 1,
-                        lo: 0x80,
-                        hi: 0xBF,
-                    }
+                    utf8(left - 1, 0x80, 0xBF)
                 }
             }
             StrPart::Escape => match byte {
@@ -461,10 +432,35 @@ impl JsonSyntax {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::Value;
+
+    /// The prefixes a random walk through what a checker accepts reaches, and the checker's
+    /// state after each: at every step one of the `alphabet` bytes that `after` accepts, picked
+    /// by the next of `choices`; the walk stops where none is accepted.
+    pub(crate) fn random_walk<S: Copy>(
+        start: S,
+        alphabet: &[u8],
+        choices: &[u8],
+        after: impl Fn(S, u8) -> Option<S>,
+    ) -> Vec<(Vec<u8>, S)> {
+        let (mut state, mut text, mut out) = (start, Vec::new(), Vec::new());
+        for &choice in choices {
+            let next: Vec<(u8, S)> = alphabet
+                .iter()
+                .filter_map(|&b| after(state, b).map(|s| (b, s)))
+                .collect();
+            let Some(&(byte, s)) = next.get(usize::from(choice) % next.len().max(1)) else {
+                break;
+            };
+            text.push(byte);
+            state = s;
+            out.push((text.clone(), state));
+        }
+        out
+    }
 
     fn complete(text: &str) -> bool {
         JsonSyntax::new()
@@ -613,19 +609,8 @@ mod tests {
         ) {
             const ALPHABET: &[u8] =
                 b"{}[]:,\"\\ \t\n-+.0123456789eEtrufalsnbdDFx/\x7f\x01\xc3\xa9\xe6\x97\xa5\xf0\x9f\xed";
-            let mut state = JsonSyntax::new();
-            let mut text = Vec::new();
-            for &choice in &choices {
-                let next: Vec<(u8, JsonSyntax)> = ALPHABET
-                    .iter()
-                    .filter_map(|&b| state.after(&[b]).map(|s| (b, s)))
-                    .collect();
-                if next.is_empty() {
-                    break;
-                }
-                let (byte, after) = next[usize::from(choice) % next.len()];
-                text.push(byte);
-                state = after;
+            let walk = random_walk(JsonSyntax::new(), ALPHABET, &choices, |s, b| s.after(&[b]));
+            for (text, state) in walk {
                 match serde_json::from_slice::<Value>(&text) {
                     Ok(v) => prop_assert!(state.is_complete() && v.is_object(),
                         "{:?}", String::from_utf8_lossy(&text)),

@@ -384,6 +384,7 @@ impl SchemaSyntax {
 mod tests {
     use super::*;
     use crate::json_schema::{SchemaError, SchemaValue};
+    use crate::json_syntax::tests::random_walk;
     use proptest::prelude::*;
     use serde_json::Value;
 
@@ -539,6 +540,20 @@ mod tests {
             let e = schema(json).unwrap_err();
             assert!(e.to_string().contains(says), "{json}: {e}");
         }
+        // A chain of references deeper than the compiler recurses (the JSON is shallow).
+        let chain: Vec<String> = (0..200)
+            .map(|i| {
+                format!(
+                    r##""a{i}": {{"anyOf": [{{"$ref": "#/$defs/a{}"}}]}}"##,
+                    i + 1
+                )
+            })
+            .collect();
+        let e = schema(&format!(
+            r##"{{"properties": {{"x": {{"$ref": "#/$defs/a0"}}}}, "$defs": {{{}, "a200": {{}}}}}}"##,
+            chain.join(",")
+        ));
+        assert!(e.unwrap_err().to_string().contains("nested more than 128"));
         let many: Vec<String> = (0..65).map(|i| format!(r##""p{i}": {{}}"##)).collect();
         let e = schema(&format!(
             r##"{{"type": "object", "properties": {{{}}}}}"##,
@@ -758,19 +773,8 @@ mod tests {
                 b"{}[]:,\" \n\t-.0123456789eEabcdefghiklmnorstuwxyz_\\\x01\xc3\xa9";
             let s = schema(PET).unwrap();
             let root: Value = serde_json::from_str(PET).unwrap();
-            let mut state = SchemaSyntax::new(&s);
-            let mut text = Vec::new();
-            for &choice in &choices {
-                let next: Vec<(u8, SchemaSyntax)> = ALPHABET
-                    .iter()
-                    .filter_map(|&b| state.after(&s, &[b]).map(|x| (b, x)))
-                    .collect();
-                if next.is_empty() {
-                    break;
-                }
-                let (byte, after) = next[usize::from(choice) % next.len()];
-                text.push(byte);
-                state = after;
+            let walk = random_walk(SchemaSyntax::new(&s), ALPHABET, &choices, |x, b| x.after(&s, &[b]));
+            for (text, state) in walk {
                 match serde_json::from_slice::<Value>(&text) {
                     Ok(v) => {
                         prop_assert!(state.is_complete(), "{:?}", String::from_utf8_lossy(&text));

@@ -7,17 +7,17 @@
 //! `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop` (a string or
 //! an array), `presence_penalty`, `frequency_penalty`, `repeat_penalty` (llama.cpp's),
 //! `logprobs`/`top_logprobs`, `n`, `stream`, `stream_options.include_usage`, `logit_bias`
-//! (token id → bias in [-100, 100], -100 a ban; up to [`MAX_LOGIT_BIAS`] tokens), `response_format`
-//! (`text`; `json_object`: the reply is one JSON object, [`airs_runtime::constraint`];
-//! `json_schema`: one object the schema accepts, for the subset [`airs_runtime::json_schema`]
-//! enforces, any other schema refused with 400), `user` (accepted,
+//! (token id → bias in [-100, 100], -100 a ban; up to [`MAX_LOGIT_BIAS`] tokens),
+//! `response_format` (`text`; `json_object`: the reply is one JSON object,
+//! [`airs_runtime::constraint`]; `json_schema`: one object the schema accepts, for the subset
+//! [`airs_runtime::json_schema`] enforces, any other schema refused with 400), `user` (accepted,
 //! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
 //! persistent conversation's name: the client sends only the new message). Unknown fields are
 //! accepted and ignored, except `tools` and `functions` (function calling), which are refused
 //! with 400 rather than ignored. Sampling defaults are llama.cpp's server's (temperature 0.8,
-//! top-k 40, top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or min-p),
-//! because small local models need the tail cut; `max_tokens` defaults to the rest of the
-//! context.
+//! top-k 40, top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or
+//! min-p), because small local models need the tail cut; `max_tokens` defaults to the rest of
+//! the context.
 //!
 //! Everything here is a pure function of the bytes and the model (fuzzed: `fuzz/`), so a
 //! hostile body can only produce an [`ApiError`], never a panic or an unbounded allocation:
@@ -86,11 +86,10 @@ pub struct ResponseFormat {
     pub json_schema: Option<JsonSchemaFormat>,
 }
 
-/// `response_format.json_schema`: OpenAI's `{"name", "schema", "strict", "description"}`.
+/// `response_format.json_schema`: OpenAI's `{"name", "schema", "strict", "description"}`, of
+/// which only the schema matters here (airs always holds the reply to it).
 #[derive(Debug, Clone, Deserialize)]
 pub struct JsonSchemaFormat {
-    #[serde(default)]
-    pub name: Option<String>,
     #[serde(default)]
     pub schema: Option<SchemaValue>,
 }
