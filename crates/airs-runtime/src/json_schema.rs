@@ -187,6 +187,10 @@ pub enum Node {
     Literals(Vec<Vec<u8>>),
     /// One of these, told apart by their first byte.
     AnyOf(Vec<NodeId>),
+    /// A property's value chosen by the text an earlier literal property of the same object
+    /// took: arm `i` for the literal set's `i`-th (sorted) text. No JSON Schema keyword says
+    /// this; [`Schema::tagged`] builds it (a function call's arguments chosen by its name).
+    ByTag(Vec<NodeId>),
     /// A `$ref` not resolved yet (only while compiling).
     Pending,
 }
@@ -264,6 +268,83 @@ impl Schema {
         Ok(s)
     }
 
+    /// An object of two required properties: `tag_key`, one of the arms' names (strings), and
+    /// `value_key`, a value of the schema of the arm so named. Each arm's schema is compiled
+    /// as a root of its own (its `$ref`s resolve in its own `$defs`); it may be any value's
+    /// schema, not only an object's.
+    pub fn tagged(
+        tag_key: &str,
+        value_key: &str,
+        arms: &[(&str, &SchemaValue)],
+    ) -> Result<Schema, SchemaError> {
+        if arms.is_empty() || arms.len() > MAX_LITERALS {
+            return Err(err("#", format!("1 to {MAX_LITERALS} arms")));
+        }
+        let mut arms: Vec<(Vec<u8>, &SchemaValue)> = arms
+            .iter()
+            .map(|(name, schema)| {
+                (
+                    SchemaValue::String((*name).to_owned())
+                        .to_json()
+                        .into_bytes(),
+                    *schema,
+                )
+            })
+            .collect();
+        arms.sort_by(|a, b| a.0.cmp(&b.0));
+        if arms.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(err("#", "two arms of one name".into()));
+        }
+        let mut nodes = Vec::new();
+        let mut arm_ids = Vec::with_capacity(arms.len());
+        for (i, (_, schema)) in arms.iter().enumerate() {
+            let mut c = Compiler {
+                root: schema,
+                nodes: std::mem::take(&mut nodes),
+                refs: HashMap::new(),
+                depth: 1,
+            };
+            arm_ids.push(c.node(schema, &format!("#/arms/{i}"))?);
+            nodes = c.nodes;
+        }
+        let mut c = Compiler {
+            root: arms[0].1,
+            nodes,
+            refs: HashMap::new(),
+            depth: 0,
+        };
+        let texts = arms.into_iter().map(|(text, _)| text).collect();
+        let tag = c.literals(texts, "#")?;
+        let value = c.push(Node::ByTag(arm_ids), "#")?;
+        let key = |k: &str| {
+            serde_json::to_string(k)
+                .expect("a string serializes")
+                .into_bytes()
+        };
+        let root = c.push(
+            Node::Object(vec![
+                Property {
+                    key: key(tag_key),
+                    value: tag,
+                    required: true,
+                },
+                Property {
+                    key: key(value_key),
+                    value,
+                    required: true,
+                },
+            ]),
+            "#",
+        )?;
+        let mut s = Schema {
+            first: vec![[0; 4]; c.nodes.len()],
+            nodes: c.nodes,
+            root,
+        };
+        s.first_bytes()?;
+        Ok(s)
+    }
+
     /// The root node.
     pub fn root(&self) -> NodeId {
         self.root
@@ -304,7 +385,7 @@ impl Schema {
                         .iter()
                         .filter_map(|t| t.first().copied())
                         .collect::<Vec<_>>()),
-                    Node::AnyOf(alts) => alts.iter().fold([0; 4], |acc, a| {
+                    Node::AnyOf(alts) | Node::ByTag(alts) => alts.iter().fold([0; 4], |acc, a| {
                         let f = self.first[a.0 as usize];
                         std::array::from_fn(|w| acc[w] | f[w])
                     }),

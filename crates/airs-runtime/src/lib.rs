@@ -47,6 +47,7 @@ pub mod schema_syntax;
 pub mod service;
 pub(crate) mod sessions;
 pub mod store;
+pub mod tools;
 pub mod workload;
 
 pub use airs_memory::eviction::{EvictionClass, Priority, Protection, SessionId};

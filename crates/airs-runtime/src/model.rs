@@ -38,7 +38,7 @@ use airs_engine::{
 use airs_memory::{
     LoadOptions, LoaderKind, ModelPool, ModelRegion, ModelRegistry, Notice, PoolCharge, PoolUse,
 };
-use airs_tokenizer::chat::{ChatMessage, ChatTemplate, TemplateSource};
+use airs_tokenizer::chat::{ChatMessage, ChatTemplate, ChatTools, TemplateSource};
 use airs_tokenizer::{EncodeOptions, TokenId, Tokenizer};
 
 use crate::constraint::VocabBytes;
@@ -354,6 +354,9 @@ impl LoadedModel {
             Prompt::Text(text) => Ok(self.encode_prompt(&text)),
             Prompt::Tokens(ids) => Ok(ids),
             Prompt::Chat(messages) => self.encode_chat(&messages),
+            Prompt::ChatWithTools { messages, tools } => {
+                self.encode_chat_with_tools(&messages, Some(tools.chat()))
+            }
         }
     }
 
@@ -378,9 +381,18 @@ impl LoadedModel {
     /// The token ids of a conversation rendered with the chat template and the generation
     /// prompt (BOS not doubled).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode_chat_with_tools(messages, None)
+    }
+
+    /// [`LoadedModel::encode_chat`] of a conversation that may call `tools`.
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ChatTools>,
+    ) -> Result<Vec<u32>> {
         Ok(self
             .template
-            .encode(&self.tokenizer, messages, true)
+            .encode_with_tools(&self.tokenizer, messages, tools, true)
             .map_err(|e| RuntimeError::new(RuntimeErrorKind::Template(e)))?
             .into_iter()
             .map(u32::from)

@@ -34,6 +34,13 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// A conversation, rendered with the model's chat template and the generation prompt.
     Chat(Vec<ChatMessage>),
+    /// A conversation that may call tools, rendered with them as the template shows tools
+    /// ([`airs_tokenizer::chat::ChatTools`]); the reply's calls are read with
+    /// [`crate::tools::ToolCallParser`].
+    ChatWithTools {
+        messages: Vec<ChatMessage>,
+        tools: std::sync::Arc<crate::tools::Tools>,
+    },
 }
 
 /// A turn of a persistent session: the session's conversation so far is in the history store;

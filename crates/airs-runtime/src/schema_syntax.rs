@@ -24,13 +24,23 @@ use crate::json_syntax::{JsonSyntax, Whitespace};
 /// Most frames on the stack: nested objects, arrays, and the value being read.
 pub const MAX_FRAMES: usize = 16;
 
+/// A 64-bit candidate mask as [`ObjectAt::InKey`] holds it.
+fn halves(mask: u64) -> [u32; 2] {
+    [mask as u32, (mask >> 32) as u32]
+}
+
+/// An object frame's tag before any literal value closed in it.
+const NO_TAG: u16 = u16::MAX;
+
 /// Where inside an object with listed properties.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum ObjectAt {
     /// After `{` (`comma` false: `}` may close it) or after `,`: a key.
     Key { comma: bool },
     /// Inside a key: the properties whose key still matches the `matched` bytes read.
-    InKey { candidates: u64, matched: u16 },
+    /// (The mask is split in two halves so that the enum aligns to 4 bytes, not 8, and an
+    /// object frame stays 24 bytes.)
+    InKey { candidates: [u32; 2], matched: u16 },
     /// After a key: the `:`.
     Colon,
     /// After the `:`: the value.
@@ -43,11 +53,13 @@ enum ObjectAt {
 enum Frame {
     /// A value of the node comes next (the root, before its first byte).
     Start(NodeId),
-    /// An object node: the property after the last key read, and where in it.
+    /// An object node: the property after the last key read, where in it, and which text the
+    /// last literal value in it took ([`NO_TAG`] before one), for a [`Node::ByTag`] after it.
     Object {
         node: NodeId,
         next: u16,
         at: ObjectAt,
+        tag: u16,
     },
     /// An array node: values begun so far; `open` after `[` or `,`.
     Array {
@@ -136,6 +148,20 @@ impl SchemaSyntax {
         self.done = self.len == 0;
     }
 
+    /// A literal value is complete with its `index`-th text: drop it, and tell an object
+    /// holding it which text it was.
+    fn close_literal(&mut self, index: usize) {
+        self.close();
+        if let Some(Frame::Object { node, next, at, .. }) = self.top() {
+            self.set_top(Frame::Object {
+                node,
+                next,
+                at,
+                tag: index as u16,
+            });
+        }
+    }
+
     /// Feed one byte; false when it cannot continue the text (the state is then unspecified:
     /// check on a copy, as [`SchemaSyntax::after`] does).
     pub fn push(&mut self, schema: &Schema, byte: u8) -> bool {
@@ -193,7 +219,7 @@ impl SchemaSyntax {
                 match (first < end).then_some((first, end)) {
                     Some((lo, hi)) => {
                         if hi - lo == 1 && texts[lo].len() == at + 1 {
-                            self.close();
+                            self.close_literal(lo);
                         } else {
                             self.set_top(Frame::Literal {
                                 node,
@@ -206,7 +232,7 @@ impl SchemaSyntax {
                     }
                     // A text that is whole here ends (a shorter text sorts first).
                     None if texts[range.start].len() == at => {
-                        self.close();
+                        self.close_literal(range.start);
                         !self.done && self.push(schema, byte)
                     }
                     None => false,
@@ -253,11 +279,24 @@ impl SchemaSyntax {
                     _ => false,
                 }
             }
-            Frame::Object { node, next, at } => self.object(schema, node, next, at, byte),
+            Frame::Object {
+                node,
+                next,
+                at,
+                tag,
+            } => self.object(schema, node, next, at, tag, byte),
         }
     }
 
-    fn object(&mut self, schema: &Schema, node: NodeId, next: u16, at: ObjectAt, byte: u8) -> bool {
+    fn object(
+        &mut self,
+        schema: &Schema,
+        node: NodeId,
+        next: u16,
+        at: ObjectAt,
+        tag: u16,
+        byte: u8,
+    ) -> bool {
         let Node::Object(props) = schema.node(node) else {
             unreachable!("an object frame's node is an object")
         };
@@ -267,6 +306,7 @@ impl SchemaSyntax {
             matched,
         } = at
         {
+            let candidates = u64::from(candidates[0]) | u64::from(candidates[1]) << 32;
             let mut left = 0u64;
             let mut whole = None;
             for (i, p) in props.iter().enumerate() {
@@ -283,13 +323,18 @@ impl SchemaSyntax {
                 None if left != 0 => (
                     next,
                     ObjectAt::InKey {
-                        candidates: left,
+                        candidates: halves(left),
                         matched: matched + 1,
                     },
                 ),
                 None => return false,
             };
-            self.set_top(Frame::Object { node, next, at });
+            self.set_top(Frame::Object {
+                node,
+                next,
+                at,
+                tag,
+            });
             return true;
         }
         if Whitespace::is_space(byte) {
@@ -309,7 +354,7 @@ impl SchemaSyntax {
                     return false;
                 }
                 ObjectAt::InKey {
-                    candidates,
+                    candidates: halves(candidates),
                     matched: 1,
                 }
             }
@@ -323,13 +368,19 @@ impl SchemaSyntax {
                     node,
                     next,
                     at: ObjectAt::Next,
+                    tag,
                 });
                 return self.begin(schema, props[next_at - 1].value, byte, 0);
             }
             (ObjectAt::Next, b',') if next_at < props.len() => ObjectAt::Key { comma: true },
             _ => return false,
         };
-        self.set_top(Frame::Object { node, next, at });
+        self.set_top(Frame::Object {
+            node,
+            next,
+            at,
+            tag,
+        });
         true
     }
 
@@ -351,7 +402,17 @@ impl SchemaSyntax {
                 node,
                 next: 0,
                 at: ObjectAt::Key { comma: false },
+                tag: NO_TAG,
             }),
+            Node::ByTag(arms) => match self.top() {
+                Some(Frame::Object { tag, .. }) if tag != NO_TAG => {
+                    match arms.get(usize::from(tag)) {
+                        Some(&arm) => self.begin(schema, arm, byte, hops + 1),
+                        None => false,
+                    }
+                }
+                _ => false,
+            },
             Node::Array { .. } => self.open(Frame::Array {
                 node,
                 count: 0,
@@ -417,6 +478,43 @@ mod tests {
         SchemaSyntax::new(s)
             .after(s, text.as_bytes())
             .is_some_and(|x| x.is_complete())
+    }
+
+    #[test]
+    fn a_tagged_value_follows_the_arm_its_tag_names() {
+        let arm = |json: &str| serde_json::from_str::<SchemaValue>(json).unwrap();
+        let (point, count, tree) = (
+            arm(
+                r#"{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}"#,
+            ),
+            arm(r#"{"type": "integer"}"#),
+            // Its own $defs, and a name that is a prefix of another arm's.
+            arm(
+                r##"{"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties":
+                {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}}"##,
+            ),
+        );
+        let s = Schema::tagged(
+            "kind",
+            "value",
+            &[("point", &point), ("point_count", &count), ("tree", &tree)],
+        )
+        .unwrap();
+        for (text, ok) in [
+            (r#"{"kind":"point","value":{"x":3}}"#, true),
+            (r#"{"kind": "point_count", "value": 12}"#, true),
+            (r#"{"kind":"tree","value":{"kids":[{"kids":[]},{}]}}"#, true),
+            (r#"{"kind":"point","value":12}"#, false),
+            (r#"{"kind":"point_count","value":{"x":3}}"#, false),
+            (r#"{"kind":"tree","value":{"kids":[{"x":1}]}}"#, false),
+            (r#"{"kind":"points","value":{"x":3}}"#, false),
+            (r#"{"value":12,"kind":"point_count"}"#, false),
+            (r#"{"kind":"point"}"#, false),
+        ] {
+            assert_eq!(complete(&s, text), ok, "{text}");
+        }
+        assert!(Schema::tagged("k", "v", &[]).is_err());
+        assert!(Schema::tagged("k", "v", &[("a", &count), ("a", &count)]).is_err());
     }
 
     #[test]

@@ -10,11 +10,13 @@
 //! (token id → bias in [-100, 100], -100 a ban; up to [`MAX_LOGIT_BIAS`] tokens),
 //! `response_format` (`text`; `json_object`: the reply is one JSON object,
 //! [`airs_runtime::constraint`]; `json_schema`: one object the schema accepts, for the subset
-//! [`airs_runtime::json_schema`] enforces, any other schema refused with 400), `user` (accepted,
-//! unused); airs extensions `priority` (`interactive`, `system`, `background`) and `session` (a
-//! persistent conversation's name: the client sends only the new message). Unknown fields are
-//! accepted and ignored, except `tools` and `functions` (function calling), which are refused
-//! with 400 rather than ignored. Sampling defaults are llama.cpp's server's (temperature 0.8,
+//! [`airs_runtime::json_schema`] enforces, any other schema refused with 400), function calling
+//! (`tools` of type `function`, `tool_choice` `none`/`auto`/`required`/a named function,
+//! `parallel_tool_calls`, assistant messages' `tool_calls` and `tool` messages;
+//! [`airs_runtime::tools`]), `user` (accepted, unused); airs extensions `priority`
+//! (`interactive`, `system`, `background`) and `session` (a persistent conversation's name: the
+//! client sends only the new message). Unknown fields are accepted and ignored, except the
+//! deprecated `functions`, which is refused with 400 rather than ignored. Sampling defaults are llama.cpp's server's (temperature 0.8,
 //! top-k 40, top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or
 //! min-p), because small local models need the tail cut; `max_tokens` defaults to the rest of
 //! the context.
@@ -31,10 +33,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use airs_engine::SamplerConfig;
 use airs_runtime::json_schema::{Schema, SchemaValue};
+use airs_runtime::tools::{ToolChoice, Tools};
 use airs_runtime::{
     GenerationParams, LoadedModel, OutputFormat, Priority, Prompt, Request, SessionTurn,
 };
-use airs_tokenizer::chat::ChatMessage;
+use airs_tokenizer::chat::{ChatMessage, ChatToolCall};
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -67,6 +70,28 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// `messages[i].tool_calls[j]`: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments a JSON text (as OpenAI sends them) or an object.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: MessageFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageFunction {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Option<SchemaValue>,
 }
 
 /// `stop`: a string or an array of strings.
@@ -155,10 +180,17 @@ pub struct ChatRequest {
     /// airs: the persistent session this message belongs to.
     #[serde(default)]
     pub session: Option<String>,
-    /// Function calling (and its legacy form): refused when given, never ignored, so that an
-    /// agent learns at once that no tool call will come.
+    /// Function calling: the tools the reply may call ([`airs_runtime::tools`]).
     #[serde(default)]
-    pub tools: Option<Vec<serde::de::IgnoredAny>>,
+    pub tools: Option<Vec<SchemaValue>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name"}}`.
+    #[serde(default)]
+    pub tool_choice: Option<SchemaValue>,
+    /// `false`: at most one call per reply (the first).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// The deprecated form of `tools`: refused when given, never ignored, so that a client
+    /// learns at once that no call will come that way.
     #[serde(default)]
     pub functions: Option<Vec<serde::de::IgnoredAny>>,
     #[serde(flatten)]
@@ -252,6 +284,10 @@ pub struct Delivery {
     /// Top log-probabilities per token, when asked for.
     pub logprobs: Option<usize>,
     pub n: usize,
+    /// The tools whose calls are read out of each reply, when the reply may call them.
+    pub tools: Option<Arc<Tools>>,
+    /// Every call of a reply (true), or only its first.
+    pub parallel_tool_calls: bool,
 }
 
 /// The priority field (interactive unless given).
@@ -391,6 +427,8 @@ pub fn generation(
             .unwrap_or(false),
         logprobs,
         n,
+        tools: None,
+        parallel_tool_calls: true,
     };
     Ok((params, delivery))
 }
@@ -463,9 +501,67 @@ fn role_of(m: &Message) -> Result<&'static str, ApiError> {
         "system" | "developer" => Ok("system"),
         "user" => Ok("user"),
         "assistant" => Ok("assistant"),
+        "tool" => Ok("tool"),
         other => Err(ApiError::bad_request(format!(
-            "messages with role {other:?} are not supported (system, user, assistant)"
+            "messages with role {other:?} are not supported (system, user, assistant, tool)"
         ))),
+    }
+}
+
+/// A message as the chat template takes it: role, text, calls (arguments as JSON text) and
+/// the call a tool result answers.
+fn chat_message(m: &Message) -> Result<ChatMessage, ApiError> {
+    let role = role_of(m)?;
+    let mut message = ChatMessage::new(role, text_of(m)?);
+    for (i, call) in m.tool_calls.iter().flatten().enumerate() {
+        if role != "assistant" {
+            return Err(ApiError::bad_request(
+                "only assistant messages carry tool_calls",
+            ));
+        }
+        let arguments = match &call.function.arguments {
+            None => "{}".to_owned(),
+            Some(SchemaValue::String(text)) => text.clone(),
+            Some(value) => value.to_json(),
+        };
+        message.tool_calls.push(ChatToolCall {
+            id: call.id.clone().unwrap_or_else(|| format!("call_{i}")),
+            name: call.function.name.clone(),
+            arguments,
+        });
+    }
+    message.tool_call_id = m.tool_call_id.clone();
+    Ok(message)
+}
+
+/// `tool_choice`: auto unless given; a call can be required only of tools that exist.
+fn tool_choice(field: Option<&SchemaValue>) -> Result<ToolChoice, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \
+             \"function\": {\"name\": ...}}",
+        )
+    };
+    match field {
+        None => Ok(ToolChoice::Auto),
+        Some(SchemaValue::String(s)) => match s.as_str() {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            _ => Err(bad()),
+        },
+        Some(SchemaValue::Object(members)) => {
+            let get = |v: &SchemaValue, key: &str| match v {
+                SchemaValue::Object(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()),
+                _ => None,
+            };
+            let object = SchemaValue::Object(members.clone());
+            match get(&object, "function").and_then(|f| get(&f, "name")) {
+                Some(SchemaValue::String(name)) => Ok(ToolChoice::Function(name)),
+                _ => Err(bad()),
+            }
+        }
+        Some(_) => Err(bad()),
     }
 }
 
@@ -478,13 +574,10 @@ pub fn chat_request(
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty"));
     }
-    if [&req.tools, &req.functions]
-        .iter()
-        .any(|t| t.as_ref().is_some_and(|t| !t.is_empty()))
-    {
+    if req.functions.as_ref().is_some_and(|f| !f.is_empty()) {
         return Err(ApiError::bad_request(
-            "tools (function calling) are not supported: airs generates text, or JSON of a \
-             schema with response_format json_schema",
+            "functions (the deprecated form of function calling) are not supported: send them \
+             as tools",
         ));
     }
     if req.messages.len() > MAX_MESSAGES {
@@ -506,20 +599,68 @@ pub fn chat_request(
     } else {
         None
     };
-    let (params, delivery) = generation(
+    let (mut params, mut delivery) = generation(
         &req.sampling,
         logprobs,
         model.context_len(),
         model.tokenizer.vocab_len(),
     )?;
     let priority = priority(req.sampling.priority.as_deref())?;
-    let mut messages = Vec::with_capacity(req.messages.len());
+    let mut messages: Vec<ChatMessage> = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
-        messages.push(ChatMessage::new(role_of(m)?, text_of(m)?));
+        let message = chat_message(m)?;
+        // As OpenAI: a result answers a call.
+        let answers_a_call = messages
+            .last()
+            .is_some_and(|p| p.role == "tool" || !p.tool_calls.is_empty());
+        if message.role == "tool" && !answers_a_call {
+            return Err(ApiError::bad_request(
+                "a message with role \"tool\" must follow an assistant message with tool_calls",
+            ));
+        }
+        messages.push(message);
     }
-    let request = match &req.session {
-        None => Request::generate(Prompt::Chat(messages), params),
-        Some(name) => {
+    let choice = tool_choice(req.tool_choice.as_ref())?;
+    let tools = match &req.tools {
+        Some(list) if !list.is_empty() => Some(Arc::new(
+            Tools::from_openai(list).map_err(|e| ApiError::bad_request(format!("tools: {e}")))?,
+        )),
+        _ => None,
+    };
+    let tools = match (tools, &choice) {
+        (None, ToolChoice::Required | ToolChoice::Function(_)) => {
+            return Err(ApiError::bad_request(
+                "tool_choice asks for a call, but the request has no tools",
+            ));
+        }
+        (_, ToolChoice::None) | (None, _) => None,
+        (Some(tools), _) => Some(tools),
+    };
+    if let Some(tools) = &tools {
+        if req.session.is_some() {
+            return Err(ApiError::bad_request(
+                "tools cannot be used with `session` (a session's history holds text turns)",
+            ));
+        }
+        let forced = tools
+            .forced_call_schema(&choice)
+            .map_err(|e| ApiError::bad_request(format!("tool_choice: {e}")))?;
+        if let Some(schema) = forced {
+            if params.format != OutputFormat::Text {
+                return Err(ApiError::bad_request(
+                    "a tool_choice that forces a call cannot be combined with a JSON \
+                     response_format",
+                ));
+            }
+            params.format = OutputFormat::JsonSchema(Arc::new(schema));
+        }
+        delivery.tools = Some(Arc::clone(tools));
+        delivery.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
+    }
+    let request = match (&req.session, tools) {
+        (None, Some(tools)) => Request::generate(Prompt::ChatWithTools { messages, tools }, params),
+        (None, None) => Request::generate(Prompt::Chat(messages), params),
+        (Some(name), _) => {
             if name.is_empty() || name.len() > 256 {
                 return Err(ApiError::bad_request(
                     "session names are 1 to 256 bytes long",
@@ -650,6 +791,7 @@ pub fn base64(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use airs_runtime::Task;
 
     #[test]
     fn base64_matches_rfc_4648() {
@@ -777,7 +919,7 @@ mod tests {
     }
 
     #[test]
-    fn function_calling_is_refused_not_ignored() {
+    fn tools_make_a_tool_prompt_and_tool_choice_is_checked() {
         let model = airs_runtime::LoadedModel::embedded(
             airs_runtime::EMBEDDED_MODEL,
             airs_runtime::EMBEDDED_MODEL_NAME,
@@ -786,18 +928,89 @@ mod tests {
         )
         .unwrap();
         let request = |extra: &str| {
-            let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#);
+            let body = format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}},
+                    {{"role": "assistant", "tool_calls": [{{"id": "c1", "type": "function",
+                      "function": {{"name": "f", "arguments": "{{\"a\": 1}}"}}}}]}},
+                    {{"role": "tool", "tool_call_id": "c1", "content": "2"}}]{extra}}}"#
+            );
             let r = parse::<ChatRequest>(body.as_bytes(), "chat").unwrap();
-            chat_request(&r, &model).map(|_| ())
+            chat_request(&r, &model)
         };
-        assert!(request("").is_ok());
-        assert!(request(r#", "tools": []"#).is_ok());
-        for extra in [
-            r#", "tools": [{"type": "function", "function": {"name": "f"}}]"#,
-            r#", "functions": [{"name": "f"}]"#,
+        let f = r#", "tools": [{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]"#;
+        // No tools (or an empty list): a plain conversation, calls and results included.
+        for extra in ["", r#", "tools": []"#] {
+            let (r, d) = request(extra).unwrap();
+            let Prompt::Chat(messages) = &r.prompt else {
+                panic!("{:?}", r.prompt)
+            };
+            assert_eq!(messages[1].tool_calls[0].arguments, r#"{"a": 1}"#);
+            assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
+            assert!(d.tools.is_none());
+        }
+        let (r, d) = request(f).unwrap();
+        assert!(matches!(r.prompt, Prompt::ChatWithTools { .. }));
+        assert!(d.tools.is_some() && d.parallel_tool_calls);
+        let Task::Generate(p) = &r.task else { panic!() };
+        assert_eq!(p.format, OutputFormat::Text);
+        // Forced: generated under the call's schema.
+        for choice in [
+            r#""required""#,
+            r#"{"type": "function", "function": {"name": "f"}}"#,
         ] {
-            let e = request(extra).unwrap_err();
-            assert!(e.message.contains("tools"), "{e:?}");
+            let (r, _) = request(&format!(r#"{f}, "tool_choice": {choice}"#)).unwrap();
+            let Task::Generate(p) = &r.task else { panic!() };
+            assert!(matches!(p.format, OutputFormat::JsonSchema(_)), "{choice}");
+        }
+        // none: the tools are not shown, nothing is parsed.
+        let (r, d) = request(&format!(r#"{f}, "tool_choice": "none""#)).unwrap();
+        assert!(matches!(r.prompt, Prompt::Chat(_)) && d.tools.is_none());
+        let (_, d) = request(&format!(r#"{f}, "parallel_tool_calls": false"#)).unwrap();
+        assert!(!d.parallel_tool_calls);
+        for (extra, says) in [
+            (r#", "tool_choice": "required""#.to_owned(), "no tools"),
+            (format!(r#"{f}, "tool_choice": "sometimes""#), "tool_choice"),
+            (
+                format!(r#"{f}, "tool_choice": {{"type": "function"}}"#),
+                "tool_choice",
+            ),
+            (
+                format!(
+                    r#"{f}, "tool_choice": {{"type": "function", "function": {{"name": "g"}}}}"#
+                ),
+                "not a tool",
+            ),
+            (
+                format!(
+                    r#"{f}, "tool_choice": "required", "response_format": {{"type": "json_object"}}"#
+                ),
+                "response_format",
+            ),
+            (format!(r#"{f}, "session": "s""#), "session"),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "a b"}}]"#.into(),
+                "name",
+            ),
+            (r#", "functions": [{"name": "f"}]"#.into(), "functions"),
+        ] {
+            let e = request(&extra).unwrap_err();
+            assert!(e.message.contains(says), "{extra}: {e:?}");
+        }
+        for (body, says) in [
+            (
+                r#"{"messages": [{"role": "user", "content": "x", "tool_calls": [
+                    {"function": {"name": "f"}}]}]}"#,
+                "only assistant messages",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "2"}]}"#,
+                "must follow",
+            ),
+        ] {
+            let r = parse::<ChatRequest>(body.as_bytes(), "chat").unwrap();
+            let e = chat_request(&r, &model).unwrap_err();
+            assert!(e.message.contains(says), "{e:?}");
         }
     }
 }

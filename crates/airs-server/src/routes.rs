@@ -6,7 +6,9 @@
 //! blocks before the next step).
 //!
 //! Streams follow OpenAI: one id on every chunk, the role in each choice's first delta, the
-//! text as it becomes final, `finish_reason` (`stop` or `length`) in each choice's last chunk,
+//! text as it becomes final, a request with tools' calls each whole in one `tool_calls` delta
+//! (text that may still open a call held back until it cannot: [`ToolCallParser`]),
+//! `finish_reason` (`stop`, `length` or `tool_calls`) in each choice's last chunk,
 //! a usage chunk (empty `choices`) when `stream_options.include_usage` is set, then
 //! `data: [DONE]`. Usage always carries `prompt_tokens_details.cached_tokens`.
 //!
@@ -17,6 +19,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use airs_runtime::tools::{self, ReplyPart, ToolCall, ToolCallParser};
 use airs_runtime::{Event, LoadedModel, Request, RequestId, TokenEvent, TokenLogprobs, Usage};
 use airs_tokenizer::TokenId;
 use axum::body::Bytes;
@@ -253,12 +256,15 @@ async fn answer(
         .iter()
         .enumerate()
         .map(|(i, c)| match shape {
-            Shape::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": c.logprobs_json(shape, asked),
-                "finish_reason": c.finish,
-            }),
+            Shape::Chat => {
+                let (message, finish) = reply_message(&c.text, c.finish, &delivery);
+                json!({
+                    "index": i,
+                    "message": message,
+                    "logprobs": c.logprobs_json(shape, asked),
+                    "finish_reason": finish,
+                })
+            }
             Shape::Completion => json!({
                 "index": i,
                 "text": c.text,
@@ -280,6 +286,62 @@ async fn answer(
         "usage": usage_json(&usage),
     }))
     .into_response())
+}
+
+/// A fresh id for a tool call.
+fn call_id() -> String {
+    response_id("call").replace('-', "_")
+}
+
+/// A call as OpenAI's `tool_calls[k]` (with `index` when streamed).
+fn call_json(call: &ToolCall, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(k) = index {
+        v["index"] = json!(k);
+    }
+    v
+}
+
+/// A chat reply as OpenAI's `message` and its `finish_reason`: with the request's tools, the
+/// calls read out of the text (`tool_calls`, the text around them as `content`, null when
+/// there is none) and `tool_calls` for a reply that ended by itself.
+fn reply_message(
+    text: &str,
+    finish: Option<&'static str>,
+    delivery: &Delivery,
+) -> (Value, Option<&'static str>) {
+    let Some(tools) = &delivery.tools else {
+        return (json!({"role": "assistant", "content": text}), finish);
+    };
+    let (content, mut calls) = tools::parse_reply(tools, text);
+    if calls.is_empty() {
+        return (json!({"role": "assistant", "content": content}), finish);
+    }
+    if !delivery.parallel_tool_calls {
+        calls.truncate(1);
+    }
+    let content = content.trim();
+    let message = json!({
+        "role": "assistant",
+        "content": if content.is_empty() { Value::Null } else { json!(content) },
+        "tool_calls": calls.iter().map(|c| call_json(c, None)).collect::<Vec<_>>(),
+    });
+    (
+        message,
+        finish.map(|f| if f == "stop" { "tool_calls" } else { f }),
+    )
+}
+
+/// One choice of a stream: its collected state and, with tools, its call reader and the
+/// calls sent so far.
+struct StreamChoice {
+    state: ChoiceState,
+    parser: Option<ToolCallParser>,
+    calls: usize,
 }
 
 /// The SSE events of a streamed answer (see the module documentation).
@@ -327,6 +389,29 @@ fn event_stream(
             json!([{"index": i, "text": text, "logprobs": logprobs, "finish_reason": null}])
         }
     };
+    let tool_call = move |i: usize, call: &ToolCall, k: usize| json!([{"index": i, "delta": {"tool_calls": [call_json(call, Some(k))]}, "logprobs": null, "finish_reason": null}]);
+    let parallel = delivery.parallel_tool_calls;
+    // The chunks of a choice's reply parts: text as content, calls as tool_calls deltas.
+    let parts_chunks = move |c: &mut StreamChoice, i: usize, parts: Vec<ReplyPart>, lp: Value| {
+        let mut chunks = Vec::new();
+        let mut lp = Some(lp);
+        for part in parts {
+            match part {
+                ReplyPart::Text(text) => {
+                    chunks.push(content(i, &text, lp.take().unwrap_or(Value::Null)));
+                }
+                ReplyPart::Call(call) if parallel || c.calls == 0 => {
+                    chunks.push(tool_call(i, &call, c.calls));
+                    c.calls += 1;
+                }
+                ReplyPart::Call(_) => {}
+            }
+        }
+        if let Some(lp) = lp.filter(|lp| !lp.is_null()) {
+            chunks.push(content(i, "", lp));
+        }
+        chunks
+    };
     let finish = move |i: usize, reason: &str| match shape {
         Shape::Chat => {
             json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": reason}])
@@ -335,7 +420,17 @@ fn event_stream(
             json!([{"index": i, "text": "", "logprobs": null, "finish_reason": reason}])
         }
     };
-    let state = (sub, queue, false, vec![ChoiceState::default(); delivery.n]);
+    let choices: Vec<StreamChoice> = (0..delivery.n)
+        .map(|_| StreamChoice {
+            state: ChoiceState::default(),
+            parser: delivery
+                .tools
+                .as_ref()
+                .map(|t| ToolCallParser::new(Arc::clone(t))),
+            calls: 0,
+        })
+        .collect();
+    let state = (sub, queue, false, choices);
     stream::unfold(
         state,
         move |(mut sub, mut queue, mut ended, mut choices)| {
@@ -356,7 +451,7 @@ fn event_stream(
                             };
                             let lp = if asked && t.logprobs.is_some() {
                                 let mut one = ChoiceState {
-                                    streamed_len: c.streamed_len,
+                                    streamed_len: c.state.streamed_len,
                                     ..ChoiceState::default()
                                 };
                                 one.add_token(shape, &model, &t);
@@ -364,19 +459,36 @@ fn event_stream(
                             } else {
                                 Value::Null
                             };
-                            c.streamed_len += t.text.len();
-                            if !t.text.is_empty() || !lp.is_null() {
+                            c.state.streamed_len += t.text.len();
+                            if let Some(parser) = &mut c.parser {
+                                let parts = parser.push(&t.text);
+                                for v in parts_chunks(c, t.choice, parts, lp) {
+                                    queue.push_back(chunk(v, None));
+                                }
+                            } else if !t.text.is_empty() || !lp.is_null() {
                                 queue.push_back(chunk(content(t.choice, &t.text, lp), None));
                             }
                         }
                         Some(Event::ChoiceEnd(end)) => {
-                            if !end.tail.is_empty() {
+                            let mut reason = end.reason.openai();
+                            if let Some(c) = choices.get_mut(end.choice)
+                                && let Some(mut parser) = c.parser.take()
+                            {
+                                let mut parts = parser.push(&end.tail);
+                                parts.extend(parser.finish());
+                                for v in parts_chunks(c, end.choice, parts, Value::Null) {
+                                    queue.push_back(chunk(v, None));
+                                }
+                                if c.calls > 0 && reason == "stop" {
+                                    reason = "tool_calls";
+                                }
+                            } else if !end.tail.is_empty() {
                                 queue.push_back(chunk(
                                     content(end.choice, &end.tail, Value::Null),
                                     None,
                                 ));
                             }
-                            queue.push_back(chunk(finish(end.choice, end.reason.openai()), None));
+                            queue.push_back(chunk(finish(end.choice, reason), None));
                         }
                         Some(Event::Done(d)) => {
                             if delivery.include_usage {

@@ -4,10 +4,12 @@
 //! `tokenizer.chat_template`. [`ChatTemplate`] renders it with minijinja the way Hugging
 //! Face's `apply_chat_template` does: `trim_blocks` and `lstrip_blocks` on, the variables
 //! `messages` (a list of `{role, content}`), `add_generation_prompt`, `bos_token` and
-//! `eos_token`, the functions `raise_exception(message)` (fails the render with that
-//! message) and `strftime_now(format)` (current UTC time; `%Y %m %d %e %H %M %S %b %B %a %A
-//! %y %j %p %I %%`), and Python string/dict/list methods (`.strip()`, `.startswith()`,
-//! `.items()`, ...) via minijinja-contrib's pycompat.
+//! `eos_token` and `tools` (see [`ChatTools`]), the functions `raise_exception(message)`
+//! (fails the render with that message) and `strftime_now(format)` (current UTC time; `%Y %m
+//! %d %e %H %M %S %b %B %a %A %y %j %p %I %%`), `tojson` as Python's `json.dumps`
+//! ([`crate::pyjson`]; minijinja's own is compact and HTML-escaped, which is not the text the
+//! model was trained on), mappings in their given order, and Python string/dict/list methods
+//! (`.strip()`, `.startswith()`, `.items()`, ...) via minijinja-contrib's pycompat.
 //!
 //! **Fallback when a model has no template** ([`ChatTemplate::fallback_for`]):
 //! - **ChatML** (`<|im_start|>role\ncontent<|im_end|>\n`, then `<|im_start|>assistant\n`)
@@ -66,9 +68,16 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or whatever else the template knows).
+    /// `system`, `user`, `assistant`, `tool` (or whatever else the template knows).
     pub role: String,
     pub content: String,
+    /// The functions an assistant message called (rendered as the template renders them; see
+    /// [`ChatTools`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", skip_deserializing)]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// For a `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -76,6 +85,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 
@@ -90,6 +101,141 @@ impl ChatMessage {
     pub fn assistant(content: impl Into<String>) -> ChatMessage {
         ChatMessage::new("assistant", content)
     }
+}
+
+/// A function call of an assistant message (OpenAI's `tool_calls[i]`). A template sees it as
+/// Hugging Face's templates expect: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}` with the arguments as a JSON object (a template writes them with `tojson`),
+/// not the JSON text OpenAI carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments object's JSON text.
+    pub arguments: String,
+}
+
+impl ChatToolCall {
+    /// The arguments as a template value: the JSON object (members in order), or the text as
+    /// a string when it is not JSON.
+    fn arguments_value(&self) -> minijinja::Value {
+        serde_json::from_str(&self.arguments)
+            .unwrap_or_else(|_| minijinja::Value::from(self.arguments.as_str()))
+    }
+}
+
+impl Serialize for ChatToolCall {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let function: minijinja::Value = [
+            ("name", minijinja::Value::from(self.name.as_str())),
+            ("arguments", self.arguments_value()),
+        ]
+        .into_iter()
+        .collect();
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("id", &self.id)?;
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry("function", &function)?;
+        map.end()
+    }
+}
+
+/// The tools a conversation may call, as a chat template receives them (its `tools`
+/// variable): OpenAI's `tools` array, `[{"type": "function", "function": {"name",
+/// "description", "parameters"}}]`, members in the order the client sent them.
+///
+/// A template that renders `tools` (Qwen2.5's, Hermes', Llama 3.1's, ...) gets them as they
+/// are, and the model is prompted the way it was tuned. A template that does not (Gemma 3's,
+/// the fallbacks) is given the same instructions Qwen2.5's template writes — the signatures
+/// inside `<tools></tools>` and the answer shape `<tool_call>{"name": ..., "arguments":
+/// ...}</tool_call>` — in the system message; its assistant calls are written in that shape
+/// and `tool` results become a user message of `<tool_response>` blocks.
+#[derive(Clone, Debug)]
+pub struct ChatTools {
+    list: Vec<minijinja::Value>,
+}
+
+impl ChatTools {
+    /// The tools of an OpenAI request, from the JSON text of its `tools` array.
+    pub fn from_json(json: &str) -> Result<ChatTools, ChatTemplateError> {
+        let list: Vec<minijinja::Value> = serde_json::from_str(json).map_err(|e| {
+            ChatTemplateErrorKind::Render(format!("tools are not a JSON array: {e}"))
+        })?;
+        Ok(ChatTools { list })
+    }
+
+    /// The system prompt text that tells a model without its own tool format about the tools
+    /// (Qwen2.5's, which is Hermes 2 Pro's).
+    pub fn instructions(&self) -> String {
+        let mut text = String::from(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+        );
+        for tool in &self.list {
+            text.push('\n');
+            text.push_str(&crate::pyjson::dumps(tool));
+        }
+        text.push_str(
+            "\n</tools>\n\nFor each function call, return a json object with function name and \
+             arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": \
+             <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+        );
+        text
+    }
+}
+
+/// A call written as text, for a template that does not render `tool_calls`.
+fn call_text(call: &ChatToolCall) -> String {
+    format!(
+        "<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+        crate::pyjson::dumps(&minijinja::Value::from(call.name.as_str())),
+        crate::pyjson::dumps(&call.arguments_value())
+    )
+}
+
+/// `messages` for a template without tool support: the instructions in the system message,
+/// calls as text, tool results as a user message.
+fn inline_tools(messages: &[ChatMessage], tools: Option<&ChatTools>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    if let Some(tools) = tools {
+        let instructions = tools.instructions();
+        match messages.first() {
+            Some(m) if m.role == "system" => {}
+            _ => out.push(ChatMessage::system(instructions.clone())),
+        }
+        if let Some(m) = messages.first().filter(|m| m.role == "system") {
+            out.push(ChatMessage::system(format!(
+                "{}\n\n{instructions}",
+                m.content
+            )));
+        }
+    }
+    let skip = usize::from(tools.is_some() && messages.first().is_some_and(|m| m.role == "system"));
+    for m in &messages[skip..] {
+        if m.role == "tool" {
+            let block = format!("<tool_response>\n{}\n</tool_response>", m.content);
+            match out.last_mut() {
+                Some(last)
+                    if last.role == "user" && last.content.starts_with("<tool_response>") =>
+                {
+                    last.content.push('\n');
+                    last.content.push_str(&block);
+                }
+                _ => out.push(ChatMessage::user(block)),
+            }
+        } else if !m.tool_calls.is_empty() {
+            let mut parts: Vec<String> = Vec::new();
+            if !m.content.is_empty() {
+                parts.push(m.content.clone());
+            }
+            parts.extend(m.tool_calls.iter().map(call_text));
+            out.push(ChatMessage::new(m.role.as_str(), parts.join("\n")));
+        } else {
+            out.push(ChatMessage::new(m.role.as_str(), m.content.as_str()));
+        }
+    }
+    out
 }
 
 /// What went wrong with a chat template.
@@ -149,7 +295,12 @@ pub struct ChatTemplate {
     source: TemplateSource,
     bos_token: String,
     eos_token: String,
+    /// Whether the template renders a `tools` list (probed on first use).
+    renders_tools: std::sync::OnceLock<bool>,
 }
+
+/// The probe's function name: a template renders tools if its output names it.
+const PROBE_TOOL: &str = "airs_probe_function_5c1f";
 
 impl ChatTemplate {
     /// Parse a Jinja chat template. `bos_token`/`eos_token` are the texts the template's
@@ -174,6 +325,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", crate::pyjson::tojson);
         env.add_template_owned(TEMPLATE_NAME, template.clone())
             .map_err(|e| ChatTemplateErrorKind::Syntax(describe(&e)))?;
         Ok(ChatTemplate {
@@ -182,6 +334,7 @@ impl ChatTemplate {
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            renders_tools: std::sync::OnceLock::new(),
         })
     }
 
@@ -242,13 +395,56 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Render a conversation that may call `tools` (or holds calls and their results): the
+    /// template's own tool format when it has one, else the instructions and calls written
+    /// into the messages ([`ChatTools`]).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ChatTools>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let has_tool_messages = messages
+            .iter()
+            .any(|m| m.role == "tool" || !m.tool_calls.is_empty());
+        if (tools.is_some() || has_tool_messages) && !self.renders_tools() {
+            let inlined = inline_tools(messages, tools);
+            return self.render_raw(&inlined, None, add_generation_prompt);
+        }
+        self.render_raw(messages, tools, add_generation_prompt)
+    }
+
+    /// Whether the template writes a `tools` list itself (a conversation with a probe
+    /// function names it in the rendering).
+    pub fn renders_tools(&self) -> bool {
+        *self.renders_tools.get_or_init(|| {
+            let probe = format!(
+                r#"[{{"type": "function", "function": {{"name": "{PROBE_TOOL}", "description": "probe", "parameters": {{"type": "object", "properties": {{}}}}}}}}]"#
+            );
+            let tools = ChatTools::from_json(&probe).expect("the probe is JSON");
+            self.render_raw(&[ChatMessage::user("x")], Some(&tools), true)
+                .is_ok_and(|text| text.contains(PROBE_TOOL))
+        })
+    }
+
+    fn render_raw(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ChatTools>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatTemplateErrorKind::Render(describe(&e)))?;
+        let tools = tools.map(|t| minijinja::Value::from(t.list.clone()));
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
@@ -265,7 +461,19 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>, ChatTemplateError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.encode_with_tools(tokenizer, messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::encode`] of a conversation that may call `tools`
+    /// ([`ChatTemplate::render_with_tools`]).
+    pub fn encode_with_tools(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: Option<&ChatTools>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<TokenId>, ChatTemplateError> {
+        let text = self.render_with_tools(messages, tools, add_generation_prompt)?;
         let mut prompt = text.as_str();
         if tokenizer.add_bos() && !self.bos_token.is_empty() {
             prompt = prompt.strip_prefix(&self.bos_token).unwrap_or(prompt);

@@ -42,6 +42,7 @@ mod decode;
 mod error;
 mod load;
 mod pretokenize;
+pub mod pyjson;
 mod special;
 mod spm;
 mod tokenizer;

@@ -110,7 +110,8 @@ fn hugging_face_conveniences_work() {
             false,
         )
         .unwrap();
-    assert_eq!(text, "A,B2 {\"role\":\"system\",\"content\":\"  a \"} 4");
+    // tojson as transformers' (Python's json.dumps): ", " and ": " between members.
+    assert_eq!(text, "A,B2 {\"role\": \"system\", \"content\": \"  a \"} 4");
 }
 
 #[test]

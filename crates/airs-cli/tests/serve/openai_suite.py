@@ -176,12 +176,7 @@ def api(args):
         cat = rp.choices[0].message.parsed
         check(isinstance(cat, Cat) and rp.choices[0].finish_reason == "stop",
               f"json_schema: {ask!r} is answered with a Cat: {cat!r}")
-    try:
-        chat(c, args, haiku, max_tokens=8, tools=[{"type": "function", "function": {
-            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}])
-        check(False, "tools are refused")
-    except openai.BadRequestError as e:
-        check(e.status_code == 400 and "tools" in str(e), "function calling gets 400, not silence")
+    tools_api(c, args, haiku)
     redraws = [l for l in raw(args, "GET", "/metrics")[2].decode().splitlines()
                if l.startswith("airs_constrained_redraws_total")]
     check(redraws and float(redraws[0].split()[-1]) > 0,
@@ -255,6 +250,105 @@ PROMPTS = [
     "Translate 'good morning' to French.",
 ]
 PRIORITIES = ["interactive", "system", "background"]
+
+
+def tools_api(c, args, haiku):
+    """Function calling: Qwen's template shows the tools, the reply's calls come back as
+    tool_calls (plain, streamed, through the client's helpers), a forced call is a call of the
+    schema, and results go back as tool messages."""
+    from pydantic import BaseModel
+
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}}
+    add = {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    ask = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+    rt = chat(c, args, ask, max_tokens=96, tools=[weather, add])
+    m = rt.choices[0].message
+    check(rt.choices[0].finish_reason == "tool_calls" and m.content is None
+          and len(m.tool_calls) == 1 and m.tool_calls[0].type == "function"
+          and m.tool_calls[0].id.startswith("call_")
+          and m.tool_calls[0].function.name == "get_weather"
+          and json.loads(m.tool_calls[0].function.arguments) == {"city": "Paris"},
+          f"a weather question is answered with a call: {m}")
+    calls, finish = {}, None
+    for ch in chat(c, args, ask, max_tokens=96, tools=[weather, add], stream=True):
+        if not ch.choices:
+            continue
+        for tc in ch.choices[0].delta.tool_calls or []:
+            e = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            e["name"] += tc.function.name or ""
+            e["arguments"] += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    check(finish == "tool_calls" and calls == {0: {
+        "name": "get_weather", "arguments": m.tool_calls[0].function.arguments}},
+        f"streamed, the call arrives as tool_calls deltas: {calls} {finish}")
+
+    class GetWeather(BaseModel):
+        city: str
+
+    strict = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    with c.chat.completions.stream(model=args.model, messages=ask, tools=[strict],
+                                   max_tokens=96, temperature=0) as st:
+        final = st.get_final_completion()
+    parsed = final.choices[0].message.tool_calls[0].function.parsed_arguments
+    check(isinstance(parsed, GetWeather) and parsed.city == "Paris",
+          f"the client's stream helper parses the arguments of a strict tool: {parsed!r}")
+    rp = c.chat.completions.parse(model=args.model, messages=ask, tools=[strict],
+                                  max_tokens=96, temperature=0)
+    parsed = rp.choices[0].message.tool_calls[0].function.parsed_arguments
+    check(isinstance(parsed, GetWeather) and parsed.city == "Paris",
+          f"chat.completions.parse too: {parsed!r}")
+
+    # A question no tool answers gets text; forced, the same question gets a call of the schema.
+    rh = chat(c, args, haiku, max_tokens=96, tools=[weather, add])
+    check(rh.choices[0].message.tool_calls is None and rh.choices[0].message.content
+          and rh.choices[0].finish_reason == "stop", f"a haiku is text: {rh.choices[0].message}")
+    rf = chat(c, args, haiku, max_tokens=96, tools=[add, weather],
+              tool_choice={"type": "function", "function": {"name": "add"}})
+    call = rf.choices[0].message.tool_calls[0]
+    args_ = json.loads(call.function.arguments)
+    check(rf.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
+          and isinstance(args_.get("a"), int) and isinstance(args_.get("b"), int),
+          f"tool_choice add: a call of add's schema, asked for a haiku: {call}")
+    rf = chat(c, args, haiku, max_tokens=96, tools=[add, weather], tool_choice="required")
+    call = rf.choices[0].message.tool_calls[0]
+    a = json.loads(call.function.arguments)
+    check(rf.choices[0].finish_reason == "tool_calls" and (
+        (call.function.name == "get_weather" and list(a) == ["city"] and isinstance(a["city"], str))
+        or (call.function.name == "add" and sorted(a) == ["a", "b"]
+            and all(isinstance(v, int) for v in a.values()))),
+        f"tool_choice required: a call of one tool, of that tool's schema, for a haiku: {call}")
+    rn = chat(c, args, ask, max_tokens=96, tools=[weather, add], tool_choice="none")
+    check(rn.choices[0].message.tool_calls is None and rn.choices[0].message.content,
+          f"tool_choice none: text: {rn.choices[0].message.content!r}")
+
+    # The result goes back as a tool message, after the assistant's call.
+    follow = ask + [m.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": m.tool_calls[0].id,
+                     "content": '{"temperature_c": 22, "sky": "sunny"}'}]
+    rr = chat(c, args, follow, max_tokens=64, tools=[weather, add])
+    check(rr.usage.prompt_tokens > rt.usage.prompt_tokens + 30
+          and rr.choices[0].finish_reason in ("stop", "tool_calls", "length"),
+          f"a tool result is rendered into the prompt ({rt.usage.prompt_tokens} -> "
+          f"{rr.usage.prompt_tokens} tokens): {rr.choices[0].message}")
+
+    for kw, what in [
+        (dict(tool_choice="required"), "tool_choice required without tools"),
+        (dict(tools=[weather], tool_choice={"type": "function", "function": {"name": "x"}}),
+         "tool_choice naming no tool"),
+        (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), "a bad tool name"),
+        (dict(functions=[{"name": "f", "parameters": {}}]), "the deprecated functions"),
+    ]:
+        try:
+            chat(c, args, haiku, max_tokens=8, **kw)
+            check(False, f"{what} is refused")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400, f"{what} gets 400: {e.body}")
 
 
 def concurrency(args):

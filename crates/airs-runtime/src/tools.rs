@@ -1,0 +1,790 @@
+//! Function calling: the tools a chat request offers ([`Tools`], OpenAI's `tools`), how the
+//! reply may or must call them ([`ToolChoice`]), and the calls read back out of the generated
+//! text ([`ToolCallParser`]).
+//!
+//! The prompt is the chat template's business ([`airs_tokenizer::chat::ChatTools`]): a
+//! template with its own tool format renders the tools as the model was tuned on them, and any
+//! other model is told Qwen2.5's (Hermes 2 Pro's) format in its system message. Replies are read
+//! as llama.cpp's Hermes parser reads them, and as small models actually answer:
+//! - `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, anywhere in the reply,
+//!   as many as the model writes; text around them is the message's content;
+//! - a reply that is nothing but such JSON objects (one, one a line, or a list of them, in a
+//!   Markdown code fence or not): Qwen2.5-Coder-0.5B answers a weather question with
+//!   `{"name": "get_weather", "arguments": {"city": "Paris"}}` and no tags. `parameters` is
+//!   taken for `arguments` (Llama 3.1's form).
+//!
+//! A call counts only when its name is one of the request's tools and its arguments are a
+//! JSON object (or a string holding one); anything else stays text, so nothing the model wrote
+//! is lost. Arguments are returned as compact JSON text, members in the model's order.
+//!
+//! `tool_choice` `required` or a named function is enforced, not hoped for: the reply is
+//! generated under a JSON schema ([`Tools::forced_call_schema`]) of `{"name": <the function>,
+//! "arguments": <its parameters' schema>}`; with several functions to choose from, the name is
+//! one of them and the arguments follow the schema of the one it names
+//! ([`Schema::tagged`]). Parameters outside the subset [`crate::json_schema`] enforces are
+//! held to any JSON object instead, since a forced call must still be generated.
+//!
+//! Cost: the parser holds back at most the text of one unfinished call (or, for a reply that
+//! opens with `{`, the reply), and scans each pushed piece once; a streamed reply releases its
+//! text as soon as it cannot be the start of `<tool_call>`.
+
+use std::sync::Arc;
+
+use airs_tokenizer::chat::ChatTools;
+
+use crate::json_schema::{Schema, SchemaValue};
+
+/// Most tools one request may offer.
+pub const MAX_TOOLS: usize = 128;
+/// Longest function name (OpenAI's limit; names are `[A-Za-z0-9_.-]`).
+pub const MAX_NAME_BYTES: usize = 64;
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// A request's tools that cannot be offered: the message says which and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolsError(String);
+
+/// One function a reply may call.
+#[derive(Clone, Debug)]
+struct Function {
+    name: String,
+    /// The JSON schema of its arguments, as sent.
+    parameters: Option<SchemaValue>,
+}
+
+/// The tools of one request.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    functions: Vec<Function>,
+    chat: ChatTools,
+    /// The tools' compact JSON text (what two requests compare equal by).
+    json: String,
+}
+
+impl PartialEq for Tools {
+    fn eq(&self, other: &Tools) -> bool {
+        self.json == other.json
+    }
+}
+
+impl Eq for Tools {}
+
+/// Whether and which tool the reply calls (OpenAI's `tool_choice`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No call: the tools are not shown to the model and the reply is text.
+    None,
+    /// The model decides (the default when tools are given).
+    #[default]
+    Auto,
+    /// The reply is a call of one of the tools.
+    Required,
+    /// The reply is a call of this function.
+    Function(String),
+}
+
+/// A call read from a reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments object as compact JSON text.
+    pub arguments: String,
+}
+
+/// A piece of a reply: text, or a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplyPart {
+    Text(String),
+    Call(ToolCall),
+}
+
+impl Tools {
+    /// The tools of an OpenAI request: `[{"type": "function", "function": {"name",
+    /// "description", "parameters", "strict"}}]`, names unique and at most [`MAX_TOOLS`].
+    pub fn from_openai(tools: &[SchemaValue]) -> Result<Tools, ToolsError> {
+        if tools.len() > MAX_TOOLS {
+            return Err(ToolsError(format!(
+                "at most {MAX_TOOLS} tools, not {}",
+                tools.len()
+            )));
+        }
+        let mut functions: Vec<Function> = Vec::with_capacity(tools.len());
+        for (i, tool) in tools.iter().enumerate() {
+            match member(tool, "type") {
+                Some(SchemaValue::String(t)) if t == "function" => {}
+                _ => {
+                    return Err(ToolsError(format!(
+                        "tools[{i}]: only tools of type \"function\" are supported"
+                    )));
+                }
+            }
+            let function = match member(tool, "function") {
+                Some(f @ SchemaValue::Object(_)) => f,
+                _ => return Err(ToolsError(format!("tools[{i}] needs a function object"))),
+            };
+            let name = match member(function, "name") {
+                Some(SchemaValue::String(n)) if valid_name(n) => n.clone(),
+                _ => {
+                    return Err(ToolsError(format!(
+                        "tools[{i}].function.name must be 1 to {MAX_NAME_BYTES} letters, digits, \
+                         underscores, dots or dashes"
+                    )));
+                }
+            };
+            if functions.iter().any(|f| f.name == name) {
+                return Err(ToolsError(format!("two tools are named {name:?}")));
+            }
+            let parameters = match member(function, "parameters") {
+                None => None,
+                Some(p @ SchemaValue::Object(_)) => Some(p.clone()),
+                Some(_) => {
+                    return Err(ToolsError(format!(
+                        "tools[{i}].function.parameters must be a JSON schema object"
+                    )));
+                }
+            };
+            functions.push(Function { name, parameters });
+        }
+        let json = SchemaValue::Array(tools.to_vec()).to_json();
+        let chat = ChatTools::from_json(&json).map_err(|e| ToolsError(e.to_string()))?;
+        Ok(Tools {
+            functions,
+            chat,
+            json,
+        })
+    }
+
+    /// The tools as the chat template receives them.
+    pub fn chat(&self) -> &ChatTools {
+        &self.chat
+    }
+
+    /// The functions' names, in the request's order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.functions.iter().map(|f| f.name.as_str())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.functions.iter().any(|f| f.name == name)
+    }
+
+    /// The schema a reply is generated under for `choice`: `None` unless a call is forced
+    /// (see the module documentation).
+    pub fn forced_call_schema(&self, choice: &ToolChoice) -> Result<Option<Schema>, ToolsError> {
+        let any_object = || SchemaValue::Object(vec![("type".into(), string("object"))]);
+        let schema = match choice {
+            ToolChoice::None | ToolChoice::Auto => return Ok(None),
+            ToolChoice::Function(name) => {
+                let f = self
+                    .functions
+                    .iter()
+                    .find(|f| f.name == *name)
+                    .ok_or_else(|| {
+                        ToolsError(format!("tool_choice names {name:?}, which is not a tool"))
+                    })?;
+                let exact = f
+                    .parameters
+                    .as_ref()
+                    .map(|p| call_schema(const_of(name), p));
+                match exact {
+                    Some(s) if Schema::compile(&s).is_ok() => s,
+                    _ => call_schema(const_of(name), &any_object()),
+                }
+            }
+            ToolChoice::Required => match self.functions.as_slice() {
+                [] => return Err(ToolsError("tool_choice required, but no tools".into())),
+                [one] => return self.forced_call_schema(&ToolChoice::Function(one.name.clone())),
+                several => {
+                    // The arguments follow the schema of the function the name chose.
+                    let any = any_object();
+                    let arms: Vec<(&str, &SchemaValue)> = several
+                        .iter()
+                        .map(|f| match &f.parameters {
+                            Some(p) if Schema::compile(p).is_ok() => (f.name.as_str(), p),
+                            _ => (f.name.as_str(), &any),
+                        })
+                        .collect();
+                    return Schema::tagged("name", "arguments", &arms)
+                        .map(Some)
+                        .map_err(|e| ToolsError(format!("the forced call's schema: {e}")));
+                }
+            },
+        };
+        Schema::compile(&schema)
+            .map(Some)
+            .map_err(|e| ToolsError(format!("the forced call's schema: {e}")))
+    }
+
+    /// A call if `text` (trimmed) is one JSON call object of a declared tool.
+    fn call_of(&self, text: &str) -> Option<ToolCall> {
+        let value: SchemaValue = serde_json::from_str(text.trim()).ok()?;
+        self.call_of_value(&value)
+    }
+
+    fn call_of_value(&self, value: &SchemaValue) -> Option<ToolCall> {
+        let name = match member(value, "name")? {
+            SchemaValue::String(n) if self.has(n) => n.clone(),
+            _ => return None,
+        };
+        let arguments = match member(value, "arguments").or_else(|| member(value, "parameters")) {
+            None => "{}".to_owned(),
+            Some(a @ SchemaValue::Object(_)) => a.to_json(),
+            Some(SchemaValue::String(s)) => match serde_json::from_str::<SchemaValue>(s).ok()? {
+                a @ SchemaValue::Object(_) => a.to_json(),
+                _ => return None,
+            },
+            Some(_) => return None,
+        };
+        Some(ToolCall { name, arguments })
+    }
+
+    /// The calls of a whole reply that is nothing but calls as JSON: one object, a list of
+    /// them, either in a code fence.
+    fn bare_calls(&self, reply: &str) -> Option<Vec<ToolCall>> {
+        let mut text = reply.trim();
+        if let Some(fenced) = text.strip_prefix("```") {
+            let body = fenced.strip_suffix("```")?;
+            // The fence's info string (`json`) ends at the first newline.
+            text = body.split_once('\n').map_or(body, |(_, rest)| rest).trim();
+        }
+        let mut calls = Vec::new();
+        // One value, or several separated by whitespace (one call a line).
+        for value in serde_json::Deserializer::from_str(text).into_iter::<SchemaValue>() {
+            match value.ok()? {
+                SchemaValue::Array(items) if !items.is_empty() => {
+                    for v in &items {
+                        calls.push(self.call_of_value(v)?);
+                    }
+                }
+                v @ SchemaValue::Object(_) => calls.push(self.call_of_value(&v)?),
+                _ => return None,
+            }
+        }
+        (!calls.is_empty()).then_some(calls)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn member<'a>(v: &'a SchemaValue, key: &str) -> Option<&'a SchemaValue> {
+    match v {
+        SchemaValue::Object(members) => members.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn string(s: &str) -> SchemaValue {
+    SchemaValue::String(s.to_owned())
+}
+
+fn const_of(name: &str) -> SchemaValue {
+    SchemaValue::Object(vec![("const".into(), string(name))])
+}
+
+/// `{"name": <name>, "arguments": <arguments>}`, both required, with the arguments schema's
+/// `$defs`/`definitions` also at the root, where its local references point.
+fn call_schema(name: SchemaValue, arguments: &SchemaValue) -> SchemaValue {
+    let mut root = vec![
+        ("type".into(), string("object")),
+        (
+            "properties".into(),
+            SchemaValue::Object(vec![
+                ("name".into(), name),
+                ("arguments".into(), arguments.clone()),
+            ]),
+        ),
+        (
+            "required".into(),
+            SchemaValue::Array(vec![string("name"), string("arguments")]),
+        ),
+    ];
+    for key in ["$defs", "definitions"] {
+        if let Some(defs) = member(arguments, key) {
+            root.push((key.into(), defs.clone()));
+        }
+    }
+    SchemaValue::Object(root)
+}
+
+/// Where the parser is in a reply.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Nothing but whitespace yet.
+    Start,
+    /// After a call: whitespace is dropped until text or the next call.
+    Between,
+    /// Text, released as it comes except a possible start of `<tool_call>`.
+    Text,
+    /// Inside `<tool_call>`, until `</tool_call>`.
+    InCall,
+    /// The reply opened with `{`, `[{` or a code fence: held whole, read at the end.
+    Bare,
+}
+
+/// Reads calls out of a reply as it streams: [`ToolCallParser::push`] each piece of final
+/// text, then [`ToolCallParser::finish`]. Text comes out in order, as soon as it cannot be
+/// part of a call; a call comes out when it closes (or, for a bare JSON reply, at the end).
+#[derive(Clone, Debug)]
+pub struct ToolCallParser {
+    tools: Arc<Tools>,
+    mode: Mode,
+    pending: String,
+}
+
+impl ToolCallParser {
+    pub fn new(tools: Arc<Tools>) -> ToolCallParser {
+        ToolCallParser {
+            tools,
+            mode: Mode::Start,
+            pending: String::new(),
+        }
+    }
+
+    /// Feed the next piece of the reply; returns what became final.
+    pub fn push(&mut self, text: &str) -> Vec<ReplyPart> {
+        self.pending.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            match self.mode {
+                Mode::Start | Mode::Between => {
+                    let rest = self.pending.trim_start();
+                    if rest.is_empty() {
+                        if self.mode == Mode::Between {
+                            self.pending.clear();
+                        }
+                        break;
+                    }
+                    if self.mode == Mode::Start {
+                        match bare_start(rest) {
+                            Some(true) => {
+                                self.mode = Mode::Bare;
+                                continue;
+                            }
+                            None => break,
+                            Some(false) => {}
+                        }
+                    }
+                    if self.mode == Mode::Between {
+                        self.pending = rest.to_owned();
+                    }
+                    self.mode = Mode::Text;
+                }
+                Mode::Text => {
+                    if let Some(at) = self.pending.find(OPEN) {
+                        let rest = self.pending.split_off(at);
+                        push_text(&mut out, std::mem::take(&mut self.pending));
+                        self.pending = rest[OPEN.len()..].to_owned();
+                        self.mode = Mode::InCall;
+                        continue;
+                    }
+                    let keep = partial_suffix(&self.pending, OPEN);
+                    let rest = self.pending.split_off(self.pending.len() - keep);
+                    push_text(&mut out, std::mem::replace(&mut self.pending, rest));
+                    break;
+                }
+                Mode::InCall => {
+                    let Some(at) = self.pending.find(CLOSE) else {
+                        break;
+                    };
+                    let rest = self.pending[at + CLOSE.len()..].to_owned();
+                    self.pending.truncate(at);
+                    let part = self.call_or_text(true);
+                    self.mode = match part {
+                        ReplyPart::Call(_) => Mode::Between,
+                        ReplyPart::Text(_) => Mode::Text,
+                    };
+                    out.push(part);
+                    self.pending = rest;
+                }
+                Mode::Bare => break,
+            }
+        }
+        out
+    }
+
+    /// The end of the reply: whatever was held back, as a call where it is one.
+    pub fn finish(mut self) -> Vec<ReplyPart> {
+        let mut out = Vec::new();
+        match self.mode {
+            Mode::Between => {}
+            Mode::Start | Mode::Text => push_text(&mut out, std::mem::take(&mut self.pending)),
+            // An unclosed call (the model ended or ran out of tokens after its JSON).
+            Mode::InCall => out.push(self.call_or_text(false)),
+            Mode::Bare => match self.tools.bare_calls(&self.pending) {
+                Some(calls) => out.extend(calls.into_iter().map(ReplyPart::Call)),
+                None => {
+                    // Not calls after all: read it as text that may hold tagged calls.
+                    let mut text = ToolCallParser {
+                        tools: Arc::clone(&self.tools),
+                        mode: Mode::Text,
+                        pending: String::new(),
+                    };
+                    out.extend(text.push(&self.pending));
+                    out.extend(text.finish());
+                }
+            },
+        }
+        out
+    }
+
+    /// The held call body as a call, or as the text it was (with its tags).
+    fn call_or_text(&mut self, closed: bool) -> ReplyPart {
+        let body = std::mem::take(&mut self.pending);
+        match self.tools.call_of(&body) {
+            Some(call) => ReplyPart::Call(call),
+            None => ReplyPart::Text(format!("{OPEN}{body}{}", if closed { CLOSE } else { "" })),
+        }
+    }
+}
+
+/// Whether a reply starting with `rest` (not empty, no leading whitespace) may be bare JSON
+/// calls: an object, a list of objects, or a code fence; `None` while too little is known.
+fn bare_start(rest: &str) -> Option<bool> {
+    if rest.starts_with('{') || rest.starts_with("```") {
+        return Some(true);
+    }
+    if "```".starts_with(rest) {
+        return None;
+    }
+    match rest.strip_prefix('[').map(str::trim_start) {
+        Some("") => None,
+        Some(list) => Some(list.starts_with('{')),
+        None => Some(false),
+    }
+}
+
+fn push_text(out: &mut Vec<ReplyPart>, text: String) {
+    if !text.is_empty() {
+        out.push(ReplyPart::Text(text));
+    }
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of `tag`.
+fn partial_suffix(text: &str, tag: &str) -> usize {
+    (1..tag.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+/// A whole reply read at once: its text (parts joined) and its calls.
+pub fn parse_reply(tools: &Arc<Tools>, reply: &str) -> (String, Vec<ToolCall>) {
+    let mut parser = ToolCallParser::new(Arc::clone(tools));
+    let mut parts = parser.push(reply);
+    parts.extend(parser.finish());
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for part in parts {
+        match part {
+            ReplyPart::Text(t) => text.push_str(&t),
+            ReplyPart::Call(c) => calls.push(c),
+        }
+    }
+    (text, calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tools() -> Arc<Tools> {
+        let json = r#"[
+            {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+             "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+             "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+             "required": ["a", "b"]}}}
+        ]"#;
+        let list: Vec<SchemaValue> = serde_json::from_str(json).unwrap();
+        Arc::new(Tools::from_openai(&list).unwrap())
+    }
+
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn tagged_calls_are_read_out_of_text_and_the_text_kept() {
+        let t = tools();
+        let (text, calls) = parse_reply(
+            &t,
+            "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \
+             \"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": \
+             {\"a\": 1, \"b\": 2}}\n</tool_call>",
+        );
+        assert_eq!(text, "Let me check.\n");
+        assert_eq!(
+            calls,
+            [
+                call("get_weather", r#"{"unit":"c","city":"Paris"}"#),
+                call("add", r#"{"a":1,"b":2}"#)
+            ]
+        );
+        // Unclosed at the end of the reply (end of generation right after the JSON).
+        let (text, calls) = parse_reply(
+            &t,
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n",
+        );
+        assert_eq!((text.as_str(), calls.len()), ("", 1));
+    }
+
+    #[test]
+    fn a_reply_that_is_only_a_call_object_is_a_call() {
+        let t = tools();
+        for reply in [
+            r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+            "  \n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n",
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+            r#"{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}"#,
+        ] {
+            let (text, calls) = parse_reply(&t, reply);
+            assert_eq!(text, "", "{reply}");
+            assert_eq!(
+                calls,
+                [call("get_weather", r#"{"city":"Paris"}"#)],
+                "{reply}"
+            );
+        }
+        let (_, calls) = parse_reply(
+            &t,
+            r#"[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a": 3, "b": 4}}]"#,
+        );
+        assert_eq!(calls.len(), 2);
+        let (_, calls) = parse_reply(&t, r#"{"name": "add"}"#);
+        assert_eq!(calls, [call("add", "{}")]);
+        // One a line, as Qwen2.5-Coder-0.5B writes parallel calls.
+        let (text, calls) = parse_reply(
+            &t,
+            "{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n{\"name\": \"get_weather\", \
+             \"arguments\": {\"city\": \"Oslo\"}}\n",
+        );
+        assert_eq!(text, "");
+        assert_eq!(
+            calls,
+            [
+                call("add", r#"{"a":1,"b":2}"#),
+                call("get_weather", r#"{"city":"Oslo"}"#)
+            ]
+        );
+        // ... but not when one of them is something else.
+        let reply = "{\"name\": \"add\", \"arguments\": {}}\n{\"result\": 42}";
+        assert_eq!(parse_reply(&t, reply), (reply.to_owned(), vec![]));
+    }
+
+    #[test]
+    fn what_is_not_a_call_of_a_declared_tool_stays_text() {
+        let t = tools();
+        for reply in [
+            r#"{"name": "launch_rockets", "arguments": {}}"#,
+            r#"{"city": "Paris"}"#,
+            r#"{"name": "add", "arguments": [1, 2]}"#,
+            "{\"name\": \"add\", \"arguments\": {\"a\": 1}} and more",
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\"\n</tool_call> after",
+            "<tool_call>not json",
+            "a < b and <tool_ca",
+            "```python\nprint(1)\n```",
+            "   ",
+        ] {
+            let (text, calls) = parse_reply(&t, reply);
+            assert_eq!((text.as_str(), calls.len()), (reply, 0), "{reply}");
+        }
+    }
+
+    #[test]
+    fn streamed_text_is_released_unless_it_may_start_a_call() {
+        let t = tools();
+        let mut p = ToolCallParser::new(Arc::clone(&t));
+        assert_eq!(p.push("Hello <tool"), [ReplyPart::Text("Hello ".into())]);
+        assert_eq!(p.push("s> are"), [ReplyPart::Text("<tools> are".into())]);
+        assert_eq!(p.push(" fun <"), [ReplyPart::Text(" fun ".into())]);
+        assert!(
+            p.push("tool_call>{\"name\": \"add\", \"arguments\": {}}")
+                .is_empty()
+        );
+        assert_eq!(
+            p.push("</tool_call>\n\n"),
+            [ReplyPart::Call(call("add", "{}"))]
+        );
+        assert_eq!(p.push("Done."), [ReplyPart::Text("Done.".into())]);
+        assert!(p.finish().is_empty());
+    }
+
+    #[test]
+    fn tools_are_checked_and_forced_calls_compile_to_schemas() {
+        let parse = |json: &str| {
+            let list: Vec<SchemaValue> = serde_json::from_str(json).unwrap();
+            Tools::from_openai(&list)
+        };
+        for bad in [
+            r#"[{"type": "retrieval"}]"#,
+            r#"[{"type": "function"}]"#,
+            r#"[{"type": "function", "function": {"name": "a b"}}]"#,
+            r#"[{"type": "function", "function": {"name": ""}}]"#,
+            r#"[{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]"#,
+            r#"[{"type": "function", "function": {"name": "f", "parameters": 3}}]"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let t = tools();
+        assert!(t.forced_call_schema(&ToolChoice::Auto).unwrap().is_none());
+        assert!(
+            t.forced_call_schema(&ToolChoice::Function("nope".into()))
+                .is_err()
+        );
+        let accepts = |schema: &Schema, text: &str| {
+            let mut s = crate::schema_syntax::SchemaSyntax::new(schema);
+            text.bytes().all(|b| s.push(schema, b)) && s.is_complete()
+        };
+        let one = t
+            .forced_call_schema(&ToolChoice::Function("get_weather".into()))
+            .unwrap()
+            .unwrap();
+        assert!(accepts(
+            &one,
+            r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#
+        ));
+        assert!(!accepts(
+            &one,
+            r#"{"name":"add","arguments":{"city":"Oslo"}}"#
+        ));
+        assert!(!accepts(
+            &one,
+            r#"{"name":"get_weather","arguments":{"unit":"c"}}"#
+        ));
+        // Several: the arguments of the function named.
+        let either = t
+            .forced_call_schema(&ToolChoice::Required)
+            .unwrap()
+            .unwrap();
+        for (text, ok) in [
+            (r#"{"name":"add","arguments":{"a":1,"b":2}}"#, true),
+            (
+                r#"{"name":"get_weather","arguments":{"city":"Oslo","unit":"c"}}"#,
+                true,
+            ),
+            (
+                r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#,
+                true,
+            ),
+            (r#"{"name":"add","arguments":{"city":"Oslo"}}"#, false),
+            (r#"{"name":"get_weather","arguments":{"a":1,"b":2}}"#, false),
+            (r#"{"name":"add","arguments":{"a":1.5,"b":2}}"#, false),
+            (r#"{"name":"sub","arguments":{}}"#, false),
+            (r#"{"arguments":{},"name":"add"}"#, false),
+        ] {
+            assert_eq!(accepts(&either, text), ok, "{text}");
+        }
+        // Parameters outside the enforced subset: the arguments are held to any object.
+        let loose = parse(
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                "properties": {"s": {"type": "string", "pattern": "^a+$"}}}}}]"#,
+        )
+        .unwrap();
+        let s = loose
+            .forced_call_schema(&ToolChoice::Required)
+            .unwrap()
+            .unwrap();
+        assert!(accepts(&s, r#"{"name":"f","arguments":{"s":"b","t":1}}"#));
+        // $defs of the parameters resolve from the call's root.
+        let defs = parse(
+            r##"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+                "$defs": {"P": {"type": "object", "properties": {"x": {"type": "boolean"}},
+                "required": ["x"]}}}}}]"##,
+        )
+        .unwrap();
+        let s = defs
+            .forced_call_schema(&ToolChoice::Required)
+            .unwrap()
+            .unwrap();
+        assert!(accepts(&s, r#"{"name":"f","arguments":{"p":{"x":true}}}"#));
+        assert!(!accepts(&s, r#"{"name":"f","arguments":{"p":{"x":1}}}"#));
+    }
+
+    /// Pieces replies are made of: text, tags, calls, whitespace, fences, partial tags.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("Hello".to_owned()),
+            Just(" ".to_owned()),
+            Just("\n".to_owned()),
+            Just("<".to_owned()),
+            Just("<tool".to_owned()),
+            Just(OPEN.to_owned()),
+            Just(CLOSE.to_owned()),
+            Just("{".to_owned()),
+            Just("}".to_owned()),
+            Just("[".to_owned()),
+            Just("]".to_owned()),
+            Just(",".to_owned()),
+            Just("```".to_owned()),
+            Just("é".to_owned()),
+            Just(r#"{"name": "add", "arguments": {"a": 1, "b": 2}}"#.to_owned()),
+            Just(r#"{"name": "nope", "arguments": {}}"#.to_owned()),
+        ]
+    }
+
+    fn merged(parts: Vec<ReplyPart>) -> Vec<ReplyPart> {
+        let mut out: Vec<ReplyPart> = Vec::new();
+        for p in parts {
+            match (out.last_mut(), p) {
+                (Some(ReplyPart::Text(a)), ReplyPart::Text(b)) => a.push_str(&b),
+                (_, p) => out.push(p),
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// However a reply is cut into streamed pieces, the parser reads the same text and
+        /// calls as from the whole reply; and no text is lost: the parts' text plus the calls'
+        /// source is the reply, up to the whitespace between calls.
+        #[test]
+        fn streaming_in_any_pieces_reads_what_the_whole_reply_reads(
+            pieces in proptest::collection::vec(piece(), 0..12),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
+        ) {
+            let t = tools();
+            let reply: String = pieces.concat();
+            let mut whole = ToolCallParser::new(Arc::clone(&t));
+            let mut expected = whole.push(&reply);
+            expected.extend(whole.finish());
+            let mut bounds: Vec<usize> = cuts
+                .iter()
+                .map(|c| c.index(reply.len() + 1))
+                .filter(|&i| reply.is_char_boundary(i))
+                .collect();
+            bounds.sort_unstable();
+            let mut streamed = ToolCallParser::new(Arc::clone(&t));
+            let mut got = Vec::new();
+            let mut from = 0;
+            for b in bounds.into_iter().chain([reply.len()]) {
+                got.extend(streamed.push(&reply[from..b]));
+                from = b;
+            }
+            got.extend(streamed.finish());
+            let expected = merged(expected);
+            prop_assert_eq!(merged(got), expected.clone());
+            let calls = expected.iter().filter(|p| matches!(p, ReplyPart::Call(_))).count();
+            if calls == 0 {
+                let text: String = expected
+                    .iter()
+                    .map(|p| match p { ReplyPart::Text(t) => t.as_str(), _ => "" })
+                    .collect();
+                prop_assert_eq!(text, reply);
+            }
+        }
+    }
+}

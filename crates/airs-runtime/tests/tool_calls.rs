@@ -1,0 +1,161 @@
+//! Function calling on real models: Qwen2.5 (whose template has a tool format) calls the tool a
+//! question needs and answers other questions in text; a forced call is a call of the right
+//! function with arguments of its schema, from Qwen and from stories260K (a story model that
+//! has never seen a tool, so only the constraint can make it one).
+
+use std::sync::Arc;
+
+use airs_runtime::json_schema::SchemaValue;
+use airs_runtime::tools::{ToolCall, ToolChoice, Tools, parse_reply};
+use airs_runtime::{
+    FinishReason, GenerationParams, LoadedModel, OutputFormat, Prompt, Request, Scheduler,
+    SchedulerConfig,
+};
+use airs_tokenizer::chat::ChatMessage;
+use serde_json::Value;
+
+const TOOLS: &str = r#"[
+    {"type": "function", "function": {"name": "get_weather",
+     "description": "Get the current weather in a city",
+     "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two integers",
+     "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+]"#;
+
+fn tools() -> Arc<Tools> {
+    let list: Vec<SchemaValue> = serde_json::from_str(TOOLS).unwrap();
+    Arc::new(Tools::from_openai(&list).unwrap())
+}
+
+fn greedy(max_tokens: usize) -> GenerationParams {
+    let mut p = GenerationParams {
+        max_tokens,
+        ..GenerationParams::default()
+    };
+    p.sampler.temperature = 0.0;
+    p
+}
+
+/// The reply to `ask` with the tools offered under `choice`: its text, calls and end.
+fn ask(
+    s: &mut Scheduler,
+    tools: &Arc<Tools>,
+    ask: &str,
+    choice: &ToolChoice,
+) -> (String, Vec<ToolCall>, FinishReason) {
+    let mut params = greedy(96);
+    if let Some(schema) = tools.forced_call_schema(choice).unwrap() {
+        params.format = OutputFormat::JsonSchema(Arc::new(schema));
+    }
+    let prompt = Prompt::ChatWithTools {
+        messages: vec![ChatMessage::user(ask)],
+        tools: Arc::clone(tools),
+    };
+    let c = s.serve(Request::generate(prompt, params)).unwrap();
+    let choice = &c.choices[0];
+    let (text, calls) = parse_reply(tools, &choice.text);
+    eprintln!(
+        "{ask}: {:?} {:?} -> {text:?} {calls:?}",
+        choice.reason, choice.text
+    );
+    (text, calls, choice.reason)
+}
+
+fn arguments(call: &ToolCall) -> Value {
+    serde_json::from_str(&call.arguments).unwrap()
+}
+
+#[test]
+fn qwen_calls_the_tool_a_question_needs_and_answers_the_rest_in_text() {
+    let model = Arc::new(LoadedModel::open(&airs_testdata::qwen_path(), 2).unwrap());
+    assert!(
+        model.template.renders_tools(),
+        "Qwen2.5's template has a tool format"
+    );
+    let mut s = Scheduler::new(model, SchedulerConfig::new(64 << 20), None).unwrap();
+    let tools = tools();
+
+    let (text, calls, reason) = ask(
+        &mut s,
+        &tools,
+        "What's the weather like in Paris today?",
+        &ToolChoice::Auto,
+    );
+    assert_eq!((text.as_str(), reason), ("", FinishReason::EndOfGeneration));
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "get_weather");
+    assert_eq!(arguments(&calls[0]), serde_json::json!({"city": "Paris"}));
+
+    let (_, calls, _) = ask(&mut s, &tools, "What is 17 plus 25?", &ToolChoice::Auto);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "add");
+    assert_eq!(arguments(&calls[0]), serde_json::json!({"a": 17, "b": 25}));
+
+    // A question no tool answers: text.
+    let haiku = "Write a haiku about the sea.";
+    let (text, calls, _) = ask(&mut s, &tools, haiku, &ToolChoice::Auto);
+    assert!(calls.is_empty() && !text.is_empty(), "{text:?}");
+
+    // The same question with a call forced: a call of that function, arguments of its schema.
+    let (text, calls, reason) = ask(
+        &mut s,
+        &tools,
+        haiku,
+        &ToolChoice::Function("get_weather".into()),
+    );
+    assert_eq!((text.as_str(), reason), ("", FinishReason::EndOfGeneration));
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "get_weather");
+    assert!(arguments(&calls[0])["city"].is_string(), "{calls:?}");
+    let (_, calls, _) = ask(&mut s, &tools, haiku, &ToolChoice::Required);
+    assert_eq!(calls.len(), 1, "required: one call");
+    assert_of_its_schema(&calls[0]);
+}
+
+/// A call's arguments are of the schema of the function it names.
+fn assert_of_its_schema(call: &ToolCall) {
+    let args = arguments(call);
+    let keys: Vec<&str> = args
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    match call.name.as_str() {
+        "add" => assert!(
+            args["a"].is_i64() && args["b"].is_i64() && keys.len() == 2,
+            "{args}"
+        ),
+        "get_weather" => assert!(args["city"].is_string() && keys == ["city"], "{args}"),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_story_model_forced_to_call_writes_a_call_of_the_schema() {
+    let model = Arc::new(LoadedModel::open(&airs_testdata::stories_path(), 1).unwrap());
+    assert!(!model.template.renders_tools());
+    let mut s = Scheduler::new(model, SchedulerConfig::new(8 << 20), None).unwrap();
+    let tools = tools();
+    let (_, calls, _) = ask(&mut s, &tools, "Once upon a time", &ToolChoice::Auto);
+    assert!(calls.is_empty(), "left to itself, a story: {calls:?}");
+    let (text, calls, reason) = ask(
+        &mut s,
+        &tools,
+        "Once upon a time",
+        &ToolChoice::Function("add".into()),
+    );
+    assert_eq!((text.as_str(), reason), ("", FinishReason::EndOfGeneration));
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "add");
+    assert_of_its_schema(&calls[0]);
+    // Either function: the arguments follow the one the name chose.
+    for prompt in ["Once upon a time", "Tom went to", "The weather"] {
+        let (text, calls, reason) = ask(&mut s, &tools, prompt, &ToolChoice::Required);
+        assert_eq!((text.as_str(), reason), ("", FinishReason::EndOfGeneration));
+        assert_eq!(calls.len(), 1);
+        assert_of_its_schema(&calls[0]);
+    }
+}
