@@ -2,8 +2,9 @@
 //! in µs: the check of a drawn token (every constrained draw pays it), and the mask a redraw
 //! needs when the drawn token cannot continue the JSON, after texts that leave few tokens
 //! possible (after `{`, `:` or a number) and many (inside a string), for any object
-//! (`json_object`) and for a schema (`json_schema`, whose checker's state is larger to copy);
-//! and building the table of token bytes (once per model).
+//! (`json_object`), for a schema (`json_schema`, whose checker's state is larger to copy) and
+//! for a call forced among two functions (`tool_choice: "required"`, a tagged union); and
+//! building the table of token bytes (once per model).
 //!
 //! `cargo bench -p airs-runtime --bench constraint` (the model from `AIRS_QWEN_MODEL`, or
 //! installed by `scripts/install-qwen.sh` as the tests do).
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use airs_runtime::LoadedModel;
 use airs_runtime::constraint::{JsonConstraint, VocabBytes};
 use airs_runtime::json_schema::{Schema, SchemaValue};
+use airs_runtime::tools::{ToolChoice, Tools};
 
 /// The best time of `f` in µs over about 300 ms.
 fn best_us(mut f: impl FnMut()) -> f64 {
@@ -54,6 +56,22 @@ fn main() {
     )
     .expect("a schema");
     let schema = Arc::new(Schema::compile(&schema).expect("it compiles"));
+    // A call forced among two functions (`tool_choice: "required"`): a tagged union.
+    let tools: Vec<SchemaValue> = serde_json::from_str(
+        r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {
+              "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a", "b"]}}}]"#,
+    )
+    .expect("tools");
+    let call = Arc::new(
+        Tools::from_openai(&tools)
+            .expect("tools")
+            .forced_call_schema(&ToolChoice::Required)
+            .expect("a schema")
+            .expect("forced"),
+    );
     for (kind, schema, label, text) in [
         ("object", None, "after {", "{"),
         ("object", None, "after {\"name\":", "{\"name\":"),
@@ -66,6 +84,19 @@ fn main() {
             Some(&schema),
             "inside a string",
             "{\"name\": \"Whisk",
+        ),
+        ("call", Some(&call), "inside the name", "{\"name\": \"get_"),
+        (
+            "call",
+            Some(&call),
+            "arguments of the name",
+            "{\"name\": \"get_weather\", \"arguments\": {",
+        ),
+        (
+            "call",
+            Some(&call),
+            "inside an argument",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
         ),
     ] {
         let label = format!("{kind} {label}");

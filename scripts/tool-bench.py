@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Function calling through a running `airs serve` (or any OpenAI-compatible server): the time
+from request to full reply for one question with no tools, with two tools (`auto`) and with a
+call forced (`required`), alternated for ROUNDS rounds, one request at a time, each with a
+system message of its own so that no prompt prefix is cached. Prints medians and every run.
+
+    airs serve --model qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --port 8181 --loader eager &
+    python3 scripts/tool-bench.py [http://localhost:8181] [ROUNDS=7]
+"""
+import json
+import statistics
+import sys
+import time
+import urllib.request
+
+base = sys.argv[1] if len(sys.argv) > 1 else "http://localhost:8181"
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+
+
+def post(body):
+    start = time.perf_counter()
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    reply = json.load(urllib.request.urlopen(req))
+    return time.perf_counter() - start, reply
+
+
+weather = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}}
+add = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+ask = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+cases = [("no tools", {}), ("tools, auto", {"tools": [weather, add]}),
+         ("tools, required", {"tools": [weather, add], "tool_choice": "required"})]
+runs = {name: [] for name, _ in cases}
+for r in range(rounds):
+    for name, extra in cases:
+        system = {"role": "system", "content": f"Run {r} at {time.time()}. You are a helpful assistant."}
+        body = dict(extra, messages=[system] + ask, temperature=0, max_tokens=64)
+        seconds, reply = post(body)
+        choice = reply["choices"][0]
+        runs[name].append((seconds, reply["usage"]["prompt_tokens"],
+                           reply["usage"]["completion_tokens"], choice["finish_reason"]))
+for name, rs in runs.items():
+    ms = [round(x[0] * 1000, 1) for x in rs]
+    _, prompt, completion, finish = rs[-1]
+    print(f"{name:16} median {statistics.median(ms):7.1f} ms  prompt {prompt} completion "
+          f"{completion} finish {finish}  runs {ms}")
