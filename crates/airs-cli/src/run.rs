@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use airs_engine::{KvType, SamplerConfig};
 use airs_runtime::fit::{peak_rss_bytes, single_sequence_config};
 use airs_runtime::json_schema::{Schema, SchemaValue};
+use airs_runtime::tools::{ReplyPart, ToolCall, ToolCallParser, ToolChoice, Tools, parse_reply};
 use airs_runtime::{
     ChoiceEnd, Completion, Event, FinishReason, GenerationParams, OutputFormat, Prompt, Request,
     Scheduler,
@@ -39,6 +40,20 @@ pub struct RunArgs {
     /// A system message for --chat.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
+    /// Tools --chat may call: a JSON file holding OpenAI's `tools` array. Calls are printed
+    /// as JSON lines (`{"tool_call": {"name", "arguments"}}`) and with --json as
+    /// `tool_calls`.
+    #[arg(long, value_name = "FILE", requires = "chat")]
+    pub tools: Option<PathBuf>,
+    /// Whether the reply calls a tool: auto (the model decides), required (a call of one of
+    /// them), none (the tools are not shown), or a function's name (a call of it).
+    #[arg(
+        long,
+        value_name = "CHOICE",
+        default_value = "auto",
+        requires = "tools"
+    )]
+    pub tool_choice: String,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Worker threads (default: all cores).
@@ -174,13 +189,42 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let progress = Arc::new(Mutex::new(FillProgress::start(&model)));
     let load_ms = model.opened_at.elapsed().as_secs_f64() * 1e3;
 
+    let mut params = args.sampling.params()?;
+    let tools = match &args.tools {
+        None => None,
+        Some(path) => {
+            let choice = match args.tool_choice.as_str() {
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                "none" => ToolChoice::None,
+                name => ToolChoice::Function(name.to_owned()),
+            };
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let list: Vec<SchemaValue> = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a JSON array", path.display()))?;
+            let tools = Arc::new(
+                Tools::from_openai(&list)
+                    .with_context(|| format!("the tools in {}", path.display()))?,
+            );
+            if let Some(schema) = tools.forced_call_schema(&choice)? {
+                anyhow::ensure!(
+                    params.format == OutputFormat::Text,
+                    "a --tool-choice that forces a call cannot be combined with --format or \
+                     --json-schema"
+                );
+                params.format = OutputFormat::JsonSchema(Arc::new(schema));
+            }
+            (choice != ToolChoice::None).then_some(tools)
+        }
+    };
     let prompt_ids: Vec<u32> = if let Some(user) = &args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage::system(system.clone()));
         }
         messages.push(ChatMessage::user(user.clone()));
-        model.encode_chat(&messages)?
+        model.encode_chat_with_tools(&messages, tools.as_deref().map(Tools::chat))?
     } else {
         model.encode_prompt(args.prompt.as_deref().unwrap_or(""))
     };
@@ -195,7 +239,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         prompt_ids.len()
     );
     // The paged KV cache: a pool sized for this one sequence, filled block by block on demand.
-    let params = args.sampling.params()?;
     let capacity = (prompt_ids.len() + params.max_tokens).min(context_len);
     let config = single_sequence_config(&model.shape, capacity, args.kv_type)?;
     let model = Arc::new(model);
@@ -205,7 +248,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // Streamed text and a redrawn bar cannot share a terminal: the text wins.
     let stdout_is_terminal = stdout.is_terminal();
     let stream = !args.json;
-    let print = {
+    let write = {
         let progress = Arc::clone(&progress);
         move |piece: &str| {
             if !stream || piece.is_empty() {
@@ -220,17 +263,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     if let Some(p) = &args.prompt {
-        print(p);
+        write(p);
     }
+    // With tools, text goes through the call reader: calls print as JSON lines.
+    let mut parser = tools.as_ref().map(|t| ToolCallParser::new(Arc::clone(t)));
+    let mut print = move |piece: &str, last: bool| {
+        let Some(reader) = parser.as_mut() else {
+            write(piece);
+            return;
+        };
+        let mut parts = reader.push(piece);
+        if last && let Some(reader) = parser.take() {
+            parts.extend(reader.finish());
+        }
+        for part in parts {
+            match part {
+                ReplyPart::Text(text) => write(&text),
+                ReplyPart::Call(call) => write(&format!("\n{}\n", call_line(&call))),
+            }
+        }
+    };
     let outcome = Arc::new(Mutex::new(Outcome::default()));
     let sink = {
         let outcome = Arc::clone(&outcome);
         Box::new(move |event: Event| {
             let mut o = outcome.lock().unwrap();
             match event {
-                Event::Token(t) => print(&t.text),
+                Event::Token(t) => print(&t.text, false),
                 Event::ChoiceEnd(end) => {
-                    print(&end.tail);
+                    print(&end.tail, true);
                     o.end = Some(end);
                 }
                 Event::Done(done) => o.done = Some(done),
@@ -286,6 +347,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "prompt_token_ids": prompt_ids,
             "generated_token_ids": end.tokens,
             "text": end.text,
+            "tool_calls": tools.as_ref().map(|t| {
+                parse_reply(t, &end.text)
+                    .1
+                    .iter()
+                    .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+                    .collect::<Vec<_>>()
+            }),
             "stop_reason": end.reason.name(),
             "threads": model.runtime.pool.threads(),
             "isa": format!("{:?}", model.runtime.isa).to_lowercase(),
@@ -319,6 +387,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A call as `airs run` prints it: one JSON line, the arguments as the object they are.
+fn call_line(call: &ToolCall) -> String {
+    let arguments: serde_json::Value =
+        serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!(call.arguments));
+    json!({"tool_call": {"name": call.name, "arguments": arguments}}).to_string()
 }
 
 pub fn rate(tokens: usize, time: std::time::Duration) -> f64 {

@@ -217,6 +217,74 @@ fn run_constrained_to_json_writes_json_and_logit_bias_steers_tokens() {
 }
 
 #[test]
+fn run_with_tools_prints_the_calls_qwen_makes_and_the_calls_a_choice_forces() {
+    let dir = std::env::temp_dir().join(format!("airs-cli-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tools = dir.join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"[{"type": "function", "function": {"name": "get_weather",
+              "description": "Get the current weather in a city", "parameters": {"type": "object",
+              "properties": {"city": {"type": "string", "description": "The city name"}},
+              "required": ["city"]}}},
+            {"type": "function", "function": {"name": "add", "description": "Add two integers",
+              "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+              "b": {"type": "integer"}}, "required": ["a", "b"]}}}]"#,
+    )
+    .unwrap();
+    let qwen = qwen_path();
+    let ask = |extra: &[&str], json: bool| {
+        let mut args = vec![
+            "run",
+            "--model",
+            path_str(&qwen),
+            "--chat",
+            "What's the weather like in Paris today?",
+            "--tools",
+            path_str(&tools),
+            "-n",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        if json {
+            args.push("--json");
+        }
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run_json = |extra: &[&str]| {
+        let args = ask(extra, true);
+        json_of(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let v = run_json(&[]);
+    assert_eq!(
+        v["tool_calls"],
+        serde_json::json!([{"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}])
+    );
+    // Streamed: the call as one JSON line, no text around it.
+    let args = ask(&[], false);
+    let out = airs(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.trim(),
+        r#"{"tool_call":{"arguments":{"city":"Paris"},"name":"get_weather"}}"#
+    );
+    // Forced to add: a call of add's schema; none: no tools shown, text.
+    let v = run_json(&["--tool-choice", "add"]);
+    let call = &v["tool_calls"][0];
+    assert_eq!(call["name"], "add");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["a"].is_i64() && args["b"].is_i64(), "{args}");
+    let v = run_json(&["--tool-choice", "none"]);
+    assert!(v["tool_calls"].is_null() && !v["text"].as_str().unwrap().is_empty());
+    let args = ask(&["--tool-choice", "launch"], false);
+    let out = airs(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a tool"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn chat_on_qwen_answers_with_the_reference_tokens() {
     let reference = Reference::load("qwen2.5-coder-0.5b-q4km.chat-prime.kvf16");
     let v = json_of(&[

@@ -446,13 +446,31 @@ impl ToolCallParser {
 }
 
 /// Whether a reply starting with `rest` (not empty, no leading whitespace) may be bare JSON
-/// calls: an object, a list of objects, or a code fence; `None` while too little is known.
+/// calls: an object, a list of objects, either in a code fence marked `json` or unmarked;
+/// `None` while too little is known. (A fence of another language, the common start of a
+/// coding model's reply, is text at once, so it streams.)
 fn bare_start(rest: &str) -> Option<bool> {
-    if rest.starts_with('{') || rest.starts_with("```") {
-        return Some(true);
+    if let Some(fenced) = rest.strip_prefix("```") {
+        return match fenced.split_once('\n') {
+            Some((info, body)) if matches!(info.trim(), "" | "json") => match body.trim_start() {
+                "" => None,
+                json => json_start(json),
+            },
+            Some(_) => Some(false),
+            None if "json".starts_with(fenced.trim()) => None,
+            None => Some(false),
+        };
     }
     if "```".starts_with(rest) {
         return None;
+    }
+    json_start(rest)
+}
+
+/// Whether JSON text starting with `rest` (not empty) is an object or a list of objects.
+fn json_start(rest: &str) -> Option<bool> {
+    if rest.starts_with('{') {
+        return Some(true);
     }
     match rest.strip_prefix('[').map(str::trim_start) {
         Some("") => None,
@@ -604,6 +622,28 @@ mod tests {
     }
 
     #[test]
+    fn a_code_fence_of_another_language_streams_at_once() {
+        let t = tools();
+        let mut p = ToolCallParser::new(Arc::clone(&t));
+        assert!(p.push("```").is_empty());
+        assert!(p.push("js").is_empty());
+        assert_eq!(
+            p.push("x\nlet a = 1;"),
+            [ReplyPart::Text("```jsx\nlet a = 1;".into())]
+        );
+        let mut p = ToolCallParser::new(Arc::clone(&t));
+        assert!(p.push("```json\n").is_empty());
+        assert_eq!(
+            p.push("[1, 2]"),
+            [ReplyPart::Text("```json\n[1, 2]".into())]
+        );
+        let mut p = ToolCallParser::new(Arc::clone(&t));
+        assert!(p.push("```json\n{\"name\": \"add\"}").is_empty());
+        assert_eq!(p.push("\n```"), []);
+        assert_eq!(p.finish(), [ReplyPart::Call(call("add", "{}"))]);
+    }
+
+    #[test]
     fn streamed_text_is_released_unless_it_may_start_a_call() {
         let t = tools();
         let mut p = ToolCallParser::new(Arc::clone(&t));
@@ -730,6 +770,9 @@ mod tests {
             Just("]".to_owned()),
             Just(",".to_owned()),
             Just("```".to_owned()),
+            Just("```json\n".to_owned()),
+            Just("```python\n".to_owned()),
+            Just("json".to_owned()),
             Just("é".to_owned()),
             Just(r#"{"name": "add", "arguments": {"a": 1, "b": 2}}"#.to_owned()),
             Just(r#"{"name": "nope", "arguments": {}}"#.to_owned()),

@@ -198,27 +198,29 @@ fn call_text(call: &ChatToolCall) -> String {
 /// calls as text, tool results as a user message.
 fn inline_tools(messages: &[ChatMessage], tools: Option<&ChatTools>) -> Vec<ChatMessage> {
     let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    let mut rest = messages;
     if let Some(tools) = tools {
         let instructions = tools.instructions();
-        match messages.first() {
-            Some(m) if m.role == "system" => {}
-            _ => out.push(ChatMessage::system(instructions.clone())),
-        }
-        if let Some(m) = messages.first().filter(|m| m.role == "system") {
-            out.push(ChatMessage::system(format!(
-                "{}\n\n{instructions}",
-                m.content
-            )));
+        match messages.split_first() {
+            Some((system, tail)) if system.role == "system" => {
+                out.push(ChatMessage::system(format!(
+                    "{}\n\n{instructions}",
+                    system.content
+                )));
+                rest = tail;
+            }
+            _ => out.push(ChatMessage::system(instructions)),
         }
     }
-    let skip = usize::from(tools.is_some() && messages.first().is_some_and(|m| m.role == "system"));
-    for m in &messages[skip..] {
-        if m.role == "tool" {
+    let mut after_result = false;
+    for m in rest {
+        let is_result = m.role == "tool";
+        if is_result {
+            // Consecutive results are one user turn (Gemma's template, for one, refuses two
+            // user turns in a row).
             let block = format!("<tool_response>\n{}\n</tool_response>", m.content);
             match out.last_mut() {
-                Some(last)
-                    if last.role == "user" && last.content.starts_with("<tool_response>") =>
-                {
+                Some(last) if after_result => {
                     last.content.push('\n');
                     last.content.push_str(&block);
                 }
@@ -234,6 +236,7 @@ fn inline_tools(messages: &[ChatMessage], tools: Option<&ChatTools>) -> Vec<Chat
         } else {
             out.push(ChatMessage::new(m.role.as_str(), m.content.as_str()));
         }
+        after_result = is_result;
     }
     out
 }
@@ -440,7 +443,11 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatTemplateErrorKind::Render(describe(&e)))?;
-        let tools = tools.map(|t| minijinja::Value::from(t.list.clone()));
+        // Without tools the variable is undefined, as transformers leaves it (a template may
+        // test `tools is defined`).
+        let tools = tools.map_or(minijinja::Value::UNDEFINED, |t| {
+            minijinja::Value::from(t.list.clone())
+        });
         template
             .render(context! {
                 messages => messages,
