@@ -159,3 +159,33 @@ fn a_story_model_forced_to_call_writes_a_call_of_the_schema() {
         assert_of_its_schema(&calls[0]);
     }
 }
+
+/// Gemma 3 (its file has no template: the Gemma fallback, which has no tool format) is told
+/// about the tools in its first user turn, and a forced call is a call of the schema.
+#[test]
+fn gemma_without_a_tool_format_is_told_the_tools_and_calls_when_forced() {
+    let model = Arc::new(LoadedModel::open(&airs_testdata::gemma_path(), 2).unwrap());
+    assert!(!model.template.renders_tools());
+    let tools = tools();
+    let prompt = model
+        .template
+        .render_with_tools(
+            &[ChatMessage::user("Add 2 and 3.")],
+            Some(tools.chat()),
+            true,
+        )
+        .unwrap();
+    assert!(
+        prompt.contains("<start_of_turn>user\n# Tools\n")
+            && prompt.contains(r#"{"type": "function", "function": {"name": "add""#)
+            && prompt.ends_with("Add 2 and 3.<end_of_turn>\n<start_of_turn>model\n"),
+        "{prompt}"
+    );
+    let mut s = Scheduler::new(model, SchedulerConfig::new(64 << 20), None).unwrap();
+    for choice in [ToolChoice::Function("add".into()), ToolChoice::Required] {
+        let (text, calls, reason) = ask(&mut s, &tools, "Add 2 and 3.", &choice);
+        assert_eq!((text.as_str(), reason), ("", FinishReason::EndOfGeneration));
+        assert_eq!(calls.len(), 1, "{choice:?}");
+        assert_of_its_schema(&calls[0]);
+    }
+}
