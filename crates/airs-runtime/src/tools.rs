@@ -21,7 +21,7 @@
 //! generated under a JSON schema ([`Tools::forced_call_schema`]) of `{"name": <the function>,
 //! "arguments": <its parameters' schema>}`; with several functions to choose from, the name is
 //! one of them and the arguments follow the schema of the one it names
-//! ([`Schema::tagged`]). Parameters outside the subset [`crate::json_schema`] enforces are
+//! ([`Schema::tagged`], one arm per function). Parameters outside the subset [`crate::json_schema`] enforces are
 //! held to any JSON object instead, since a forced call must still be generated.
 //!
 //! Cost: the parser holds back at most the text of one unfinished call (or, for a reply that
@@ -174,46 +174,35 @@ impl Tools {
     /// The schema a reply is generated under for `choice`: `None` unless a call is forced
     /// (see the module documentation).
     pub fn forced_call_schema(&self, choice: &ToolChoice) -> Result<Option<Schema>, ToolsError> {
-        let any_object = || SchemaValue::Object(vec![("type".into(), string("object"))]);
-        let schema = match choice {
+        let functions: Vec<&Function> = match choice {
             ToolChoice::None | ToolChoice::Auto => return Ok(None),
             ToolChoice::Function(name) => {
-                let f = self
-                    .functions
-                    .iter()
-                    .find(|f| f.name == *name)
-                    .ok_or_else(|| {
-                        ToolsError(format!("tool_choice names {name:?}, which is not a tool"))
-                    })?;
-                let exact = f
-                    .parameters
-                    .as_ref()
-                    .map(|p| call_schema(const_of(name), p));
-                match exact {
-                    Some(s) if Schema::compile(&s).is_ok() => s,
-                    _ => call_schema(const_of(name), &any_object()),
-                }
-            }
-            ToolChoice::Required => match self.functions.as_slice() {
-                [] => return Err(ToolsError("tool_choice required, but no tools".into())),
-                [one] => return self.forced_call_schema(&ToolChoice::Function(one.name.clone())),
-                several => {
-                    // The arguments follow the schema of the function the name chose.
-                    let any = any_object();
-                    let arms: Vec<(&str, &SchemaValue)> = several
+                vec![
+                    self.functions
                         .iter()
-                        .map(|f| match &f.parameters {
-                            Some(p) if Schema::compile(p).is_ok() => (f.name.as_str(), p),
-                            _ => (f.name.as_str(), &any),
-                        })
-                        .collect();
-                    return Schema::tagged("name", "arguments", &arms)
-                        .map(Some)
-                        .map_err(|e| ToolsError(format!("the forced call's schema: {e}")));
-                }
-            },
+                        .find(|f| f.name == *name)
+                        .ok_or_else(|| {
+                            ToolsError(format!("tool_choice names {name:?}, which is not a tool"))
+                        })?,
+                ]
+            }
+            ToolChoice::Required if self.functions.is_empty() => {
+                return Err(ToolsError("tool_choice required, but no tools".into()));
+            }
+            ToolChoice::Required => self.functions.iter().collect(),
         };
-        Schema::compile(&schema)
+        // The name is one of the functions; the arguments follow the schema of the one it
+        // names (each compiled as a root of its own, so its `$defs` resolve in it).
+        let any_object =
+            SchemaValue::Object(vec![("type".into(), SchemaValue::String("object".into()))]);
+        let arms: Vec<(&str, &SchemaValue)> = functions
+            .iter()
+            .map(|f| match &f.parameters {
+                Some(p) if Schema::compile(p).is_ok() => (f.name.as_str(), p),
+                _ => (f.name.as_str(), &any_object),
+            })
+            .collect();
+        Schema::tagged("name", "arguments", &arms)
             .map(Some)
             .map_err(|e| ToolsError(format!("the forced call's schema: {e}")))
     }
@@ -279,39 +268,6 @@ fn member<'a>(v: &'a SchemaValue, key: &str) -> Option<&'a SchemaValue> {
         SchemaValue::Object(members) => members.iter().find(|(k, _)| k == key).map(|(_, v)| v),
         _ => None,
     }
-}
-
-fn string(s: &str) -> SchemaValue {
-    SchemaValue::String(s.to_owned())
-}
-
-fn const_of(name: &str) -> SchemaValue {
-    SchemaValue::Object(vec![("const".into(), string(name))])
-}
-
-/// `{"name": <name>, "arguments": <arguments>}`, both required, with the arguments schema's
-/// `$defs`/`definitions` also at the root, where its local references point.
-fn call_schema(name: SchemaValue, arguments: &SchemaValue) -> SchemaValue {
-    let mut root = vec![
-        ("type".into(), string("object")),
-        (
-            "properties".into(),
-            SchemaValue::Object(vec![
-                ("name".into(), name),
-                ("arguments".into(), arguments.clone()),
-            ]),
-        ),
-        (
-            "required".into(),
-            SchemaValue::Array(vec![string("name"), string("arguments")]),
-        ),
-    ];
-    for key in ["$defs", "definitions"] {
-        if let Some(defs) = member(arguments, key) {
-            root.push((key.into(), defs.clone()));
-        }
-    }
-    SchemaValue::Object(root)
 }
 
 /// Where the parser is in a reply.
@@ -738,7 +694,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(accepts(&s, r#"{"name":"f","arguments":{"s":"b","t":1}}"#));
-        // $defs of the parameters resolve from the call's root.
+        // The parameters' own $defs resolve (each function is an arm compiled as a root).
         let defs = parse(
             r##"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                 "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
