@@ -30,6 +30,9 @@
 //! tokens (prompt and generated so far), to be recomputed when it is readmitted: the kernels
 //! are batch-invariant, so its continuation is exactly what it would have been. What cannot be
 //! freed that way:
+//! - a generating sequence that holds the whole pool alone has reached as far as the pool
+//!   goes: its choice ends with `ContextFull` (OpenAI's `length`), keeping its text (a
+//!   session's turn fails instead, so that no reply cut short enters its history);
 //! - a system or background sequence gives way itself: the latest-arrived running sequence of
 //!   its own priority (possibly itself) is preempted;
 //! - an interactive sequence waits (it is never preempted) while other sequences make progress
@@ -896,6 +899,9 @@ impl Scheduler {
             if self.make_room(id, &e, plan, budget) {
                 continue;
             }
+            if self.end_at_the_pool(id) {
+                return false;
+            }
             let priority = self.seq(id).priority;
             if priority == Priority::Interactive {
                 report.stalled.push(id);
@@ -917,6 +923,31 @@ impl Scheduler {
         }
         report.stalled.push(id);
         false
+    }
+
+    /// A generating sequence that holds every block of the pool alone can never grow: the
+    /// pool is as far as it goes, as the context is for a sequence that reaches the context
+    /// length. Unless it is a session's turn (whose reply would enter the history cut short:
+    /// it fails with `PoolExhausted` and the session stays as it was), its choice ends with
+    /// `ContextFull` (OpenAI's `length`) and keeps what it generated — a client that left
+    /// `max_tokens` unset gets its text, not a `PoolExhausted` after minutes of generation.
+    /// Returns whether it ended.
+    fn end_at_the_pool(&mut self, id: SeqId) -> bool {
+        let blocks_total = self.pool.stats().blocks_total as usize;
+        let request = self.seq(id).request;
+        if self.requests.get(&request).is_none_or(|r| r.turn.is_some()) {
+            return false;
+        }
+        let seq = self.seq_mut(id);
+        if seq.blocks().len() != blocks_total {
+            return false;
+        }
+        let Some(generation) = seq.generation.as_mut().filter(|g| !g.generated.is_empty()) else {
+            return false;
+        };
+        let tail = generation.release_tail();
+        self.finish_choice(id, crate::request::FinishReason::ContextFull, tail);
+        true
     }
 
     /// Take blocks back for `requester` until the pool has `e.needed_blocks` available, in the

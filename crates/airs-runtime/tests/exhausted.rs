@@ -196,3 +196,38 @@ fn shared_prefix_blocks_are_not_counted_as_freeable_before_evicting() {
         "{failed} failed, {evicted_and_served} evicted"
     );
 }
+
+/// A sequence alone in the pool that generates past what the pool holds ends like one that
+/// reaches the context length (`length` for OpenAI): its text is kept, it is the text the
+/// same request writes with room to spare, cut where the pool ran out; and the blocks go back.
+#[test]
+fn a_lone_sequence_that_outgrows_the_pool_ends_with_its_text() {
+    use airs_runtime::{FinishReason, Prompt, Request, Scheduler};
+    let model = model();
+    let prompt = Prompt::Text("Once upon a time".into());
+    let mut params = greedy(100);
+    params.ignore_eos = true;
+    let mut roomy = Scheduler::new(model.clone(), config(64, &model), None).unwrap();
+    let full = roomy
+        .serve(Request::generate(prompt.clone(), params.clone()))
+        .unwrap();
+    assert_eq!(full.choices[0].reason, FinishReason::MaxTokens);
+    for priority in [Priority::Interactive, Priority::Background] {
+        let mut s = Scheduler::new(model.clone(), config(4, &model), None).unwrap();
+        let c = s
+            .serve(Request::generate(prompt.clone(), params.clone()).with_priority(priority))
+            .unwrap();
+        let (prompt_tokens, _) = c.admitted.unwrap();
+        let end = &c.choices[0];
+        assert_eq!(end.reason, FinishReason::ContextFull, "{priority:?}");
+        // Four blocks of TPB positions; the last token drawn is not computed.
+        assert_eq!(
+            end.tokens.len(),
+            4 * TPB as usize - prompt_tokens + 1,
+            "{priority:?}"
+        );
+        assert_eq!(end.tokens[..], full.choices[0].tokens[..end.tokens.len()]);
+        assert!(full.choices[0].text.starts_with(&end.text));
+        assert_eq!(s.kv_pool().memory().audit().unwrap().blocks_used, 0);
+    }
+}
