@@ -8,10 +8,10 @@
 //! as llama.cpp's Hermes parser reads them, and as small models actually answer:
 //! - `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, anywhere in the reply,
 //!   as many as the model writes; text around them is the message's content;
-//! - a reply that is nothing but such JSON objects (one, one a line, or a list of them, in a
-//!   Markdown code fence or not): Qwen2.5-Coder-0.5B answers a weather question with
-//!   `{"name": "get_weather", "arguments": {"city": "Paris"}}` and no tags. `parameters` is
-//!   taken for `arguments` (Llama 3.1's form).
+//! - a reply that is nothing but such JSON objects (one, one a line, or a list of them, in an
+//!   unmarked or `json` Markdown code fence or not): Qwen2.5-Coder-0.5B answers a weather
+//!   question with `{"name": "get_weather", "arguments": {"city": "Paris"}}` and no tags.
+//!   `parameters` is taken for `arguments` (Llama 3.1's form).
 //!
 //! A call counts only when its name is one of the request's tools and its arguments are a
 //! JSON object (or a string holding one); anything else stays text, so nothing the model wrote
@@ -21,12 +21,14 @@
 //! generated under a JSON schema ([`Tools::forced_call_schema`]) of `{"name": <the function>,
 //! "arguments": <its parameters' schema>}`; with several functions to choose from, the name is
 //! one of them and the arguments follow the schema of the one it names
-//! ([`Schema::tagged`], one arm per function). Parameters outside the subset [`crate::json_schema`] enforces are
-//! held to any JSON object instead, since a forced call must still be generated.
+//! ([`Schema::tagged`], one arm per function). Parameters outside the subset
+//! [`crate::json_schema`] enforces are held to any JSON object instead, since a forced call
+//! must still be generated.
 //!
 //! Cost: the parser holds back at most the text of one unfinished call (or, for a reply that
-//! opens with `{`, the reply), and scans each pushed piece once; a streamed reply releases its
-//! text as soon as it cannot be the start of `<tool_call>`.
+//! opens as bare calls may — `{`, `[{`, an unmarked or `json` fence — the reply, read once at
+//! its end), and searches each pushed piece once; other text is released as soon as it cannot
+//! be the start of `<tool_call>`.
 
 use std::sync::Arc;
 
@@ -293,6 +295,8 @@ pub struct ToolCallParser {
     tools: Arc<Tools>,
     mode: Mode,
     pending: String,
+    /// Inside a call: how much of `pending` was searched for the closing tag.
+    searched: usize,
 }
 
 impl ToolCallParser {
@@ -301,6 +305,7 @@ impl ToolCallParser {
             tools,
             mode: Mode::Start,
             pending: String::new(),
+            searched: 0,
         }
     }
 
@@ -338,6 +343,7 @@ impl ToolCallParser {
                         let rest = self.pending.split_off(at);
                         push_text(&mut out, std::mem::take(&mut self.pending));
                         self.pending = rest[OPEN.len()..].to_owned();
+                        self.searched = 0;
                         self.mode = Mode::InCall;
                         continue;
                     }
@@ -347,9 +353,17 @@ impl ToolCallParser {
                     break;
                 }
                 Mode::InCall => {
-                    let Some(at) = self.pending.find(CLOSE) else {
+                    // Only the new text can hold the closing tag (with the tag's length less
+                    // one before it): a long call is not searched again at every piece.
+                    let mut from = self.searched.saturating_sub(CLOSE.len() - 1);
+                    while !self.pending.is_char_boundary(from) {
+                        from -= 1;
+                    }
+                    let Some(at) = self.pending[from..].find(CLOSE).map(|i| from + i) else {
+                        self.searched = self.pending.len();
                         break;
                     };
+                    self.searched = 0;
                     let rest = self.pending[at + CLOSE.len()..].to_owned();
                     self.pending.truncate(at);
                     let part = self.call_or_text(true);
@@ -382,6 +396,7 @@ impl ToolCallParser {
                         tools: Arc::clone(&self.tools),
                         mode: Mode::Text,
                         pending: String::new(),
+                        searched: 0,
                     };
                     out.extend(text.push(&self.pending));
                     out.extend(text.finish());
