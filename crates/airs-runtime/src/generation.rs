@@ -237,9 +237,7 @@ impl Generation {
         }
     }
 
-    /// The text held back (a partial character, a possible stop string), final now that the
-    /// choice ends.
-    pub(crate) fn release_tail(&mut self) -> String {
+    fn release_tail(&mut self) -> String {
         let tail = self.decoder.finish().to_owned();
         let (out, _) = self.stops.push(&tail);
         let mut rest = out.to_owned();

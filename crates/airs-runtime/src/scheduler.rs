@@ -30,9 +30,6 @@
 //! tokens (prompt and generated so far), to be recomputed when it is readmitted: the kernels
 //! are batch-invariant, so its continuation is exactly what it would have been. What cannot be
 //! freed that way:
-//! - a generating sequence that holds the whole pool alone has reached as far as the pool
-//!   goes: its choice ends with `ContextFull` (OpenAI's `length`), keeping its text (a
-//!   session's turn fails instead, so that no reply cut short enters its history);
 //! - a system or background sequence gives way itself: the latest-arrived running sequence of
 //!   its own priority (possibly itself) is preempted;
 //! - an interactive sequence waits (it is never preempted) while other sequences make progress
@@ -42,6 +39,12 @@
 //!   finish or are preempted); it fails at once with `PoolExhausted`, naming the holders, when
 //!   its prompt is larger than the pool minus the protected session caches (active interactive
 //!   sessions), or larger than the whole pool.
+//!
+//! A sequence that is not a session's turn is as long as the pool can ever hold it: a choice
+//! that reaches the pool's positions ends there with `ContextFull` (OpenAI's `length`), its
+//! text kept, as at the model's context length, rather than stall and fail with
+//! `PoolExhausted` after all its generation. (A session's turn fails instead, so that no
+//! reply cut short enters its history.)
 //!
 //! Starvation bound: a running sequence that is decoding is scheduled at every step it has its
 //! next block for (`step_tokens` must exceed `max_running`, so decode rows never take the whole
@@ -899,9 +902,6 @@ impl Scheduler {
             if self.make_room(id, &e, plan, budget) {
                 continue;
             }
-            if self.end_at_the_pool(id) {
-                return false;
-            }
             let priority = self.seq(id).priority;
             if priority == Priority::Interactive {
                 report.stalled.push(id);
@@ -923,31 +923,6 @@ impl Scheduler {
         }
         report.stalled.push(id);
         false
-    }
-
-    /// A generating sequence that holds every block of the pool alone can never grow: the
-    /// pool is as far as it goes, as the context is for a sequence that reaches the context
-    /// length. Unless it is a session's turn (whose reply would enter the history cut short:
-    /// it fails with `PoolExhausted` and the session stays as it was), its choice ends with
-    /// `ContextFull` (OpenAI's `length`) and keeps what it generated — a client that left
-    /// `max_tokens` unset gets its text, not a `PoolExhausted` after minutes of generation.
-    /// Returns whether it ended.
-    fn end_at_the_pool(&mut self, id: SeqId) -> bool {
-        let blocks_total = self.pool.stats().blocks_total as usize;
-        let request = self.seq(id).request;
-        if self.requests.get(&request).is_none_or(|r| r.turn.is_some()) {
-            return false;
-        }
-        let seq = self.seq_mut(id);
-        if seq.blocks().len() != blocks_total {
-            return false;
-        }
-        let Some(generation) = seq.generation.as_mut().filter(|g| !g.generated.is_empty()) else {
-            return false;
-        };
-        let tail = generation.release_tail();
-        self.finish_choice(id, crate::request::FinishReason::ContextFull, tail);
-        true
     }
 
     /// Take blocks back for `requester` until the pool has `e.needed_blocks` available, in the
@@ -1825,10 +1800,23 @@ impl Scheduler {
     /// Accept the token `id` drew: extend the sequence, stream it, end the choice if it ends.
     fn accept_drawn(&mut self, id: SeqId, draw: Draw) {
         self.stats.constrained_redraws += u64::from(draw.redrawn);
-        let context_len = self.model.context_len();
+        let request = self.seq(id).request;
+        // A sequence holds at most the model's context and, unless it is a session's turn
+        // (whose reply must not enter the history cut short), the whole KV pool: reaching
+        // either ends its choice with `ContextFull` (OpenAI's `length`), its text kept.
+        let mut context_len = self.model.context_len();
+        if self
+            .requests
+            .get(&request)
+            .is_some_and(|r| r.turn.is_none())
+        {
+            let pool_positions =
+                self.pool.memory().blocks_total() as usize * self.pool.tokens_per_block();
+            context_len = context_len.min(pool_positions);
+        }
         let model = Arc::clone(&self.model);
         let seq = self.seq_mut(id);
-        let (request, choice) = (seq.request, seq.choice);
+        let choice = seq.choice;
         let generation = seq.generation.as_mut().expect("a generating sequence");
         let accepted =
             generation.accept_draw(&model.tokenizer, draw, seq.tokens.len(), context_len);

@@ -122,16 +122,7 @@ fn write_value(
             if options.sort_keys {
                 keys.sort_by_key(|a| a.to_string());
             }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&options.item_separator);
-                }
-                newline(options, level + 1, out);
+            write_container(&keys, ['{', '}'], options, level, out, |key, out| {
                 let key_text = match key.as_str() {
                     Some(s) => s.to_owned(),
                     None if key.is_none() => "null".into(),
@@ -139,27 +130,14 @@ fn write_value(
                 };
                 write_string(&key_text, options, out);
                 out.push_str(&options.key_separator);
-                write_value(&value.get_item(key)?, options, level + 1, out)?;
-            }
-            newline(options, level, out);
-            out.push('}');
+                write_value(&value.get_item(key)?, options, level + 1, out)
+            })?;
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&options.item_separator);
-                }
-                newline(options, level + 1, out);
-                write_value(item, options, level + 1, out)?;
-            }
-            newline(options, level, out);
-            out.push(']');
+            write_container(&items, ['[', ']'], options, level, out, |item, out| {
+                write_value(item, options, level + 1, out)
+            })?;
         }
         _ => {
             return Err(Error::new(
@@ -168,6 +146,33 @@ fn write_value(
             ));
         }
     }
+    Ok(())
+}
+
+/// `[a, b]` or `{"k": v}`: the items between `open` and `close`, separated, one a line with
+/// an indent; `[]` or `{}` when there are none.
+fn write_container(
+    items: &[Value],
+    [open, close]: [char; 2],
+    options: &Options,
+    level: usize,
+    out: &mut String,
+    mut write_item: impl FnMut(&Value, &mut String) -> Result<(), Error>,
+) -> Result<(), Error> {
+    out.push(open);
+    if items.is_empty() {
+        out.push(close);
+        return Ok(());
+    }
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(&options.item_separator);
+        }
+        newline(options, level + 1, out);
+        write_item(item, out)?;
+    }
+    newline(options, level, out);
+    out.push(close);
     Ok(())
 }
 

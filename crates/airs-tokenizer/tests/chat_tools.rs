@@ -42,6 +42,24 @@ fn conversation() -> Vec<ChatMessage> {
     ]
 }
 
+/// [`conversation`] with [`TOOLS`] offered, as Qwen2.5's template renders it after the system
+/// message `system` (and as airs writes it for a ChatML model without a tool format).
+fn with_tools_and_calls(system: &str) -> String {
+    format!(
+        "<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to \
+         assist with the user query.\n\nYou are provided with function signatures within \
+         <tools></tools> XML tags:\n<tools>\n{TOOL_JSON}\n</tools>\n\nFor each function call, \
+         return a json object with function name and arguments within <tool_call></tool_call> \
+         XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": \
+         <args-json-object>}}\n</tool_call><|im_end|>\n\
+         <|im_start|>user\nWhat's the weather in Paris?<|im_end|>\n\
+         <|im_start|>assistant\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": \
+         {{\"unit\": \"celsius\", \"city\": \"Paris\"}}}}\n</tool_call><|im_end|>\n\
+         <|im_start|>user\n<tool_response>\n22 degrees\n</tool_response>\n<tool_response>\n\
+         sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+}
+
 #[test]
 fn qwen_renders_tools_calls_and_results_as_transformers_does() {
     let template = qwen_template();
@@ -50,18 +68,8 @@ fn qwen_renders_tools_calls_and_results_as_transformers_does() {
     let text = template
         .render_with_tools(&conversation(), Some(&tools), true)
         .unwrap();
-    let expected = format!(
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\
-         \n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
-         You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
-         {TOOL_JSON}\n</tools>\n\nFor each function call, return a json object with function \
-         name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": \
-         <function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n\
-         <|im_start|>user\nWhat's the weather in Paris?<|im_end|>\n\
-         <|im_start|>assistant\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": \
-         {{\"unit\": \"celsius\", \"city\": \"Paris\"}}}}\n</tool_call><|im_end|>\n\
-         <|im_start|>user\n<tool_response>\n22 degrees\n</tool_response>\n<tool_response>\n\
-         sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    let expected = with_tools_and_calls(
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
     );
     assert_eq!(text, expected);
     // Without tools the template is the plain conversation.
@@ -83,19 +91,8 @@ fn a_template_without_a_tool_format_gets_the_instructions_and_text_calls() {
     let text = template
         .render_with_tools(&messages, Some(&tools), true)
         .unwrap();
-    let expected = format!(
-        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to \
-         assist with the user query.\n\nYou are provided with function signatures within \
-         <tools></tools> XML tags:\n<tools>\n{TOOL_JSON}\n</tools>\n\nFor each function call, \
-         return a json object with function name and arguments within <tool_call></tool_call> \
-         XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": \
-         <args-json-object>}}\n</tool_call><|im_end|>\n\
-         <|im_start|>user\nWhat's the weather in Paris?<|im_end|>\n\
-         <|im_start|>assistant\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": \
-         {{\"unit\": \"celsius\", \"city\": \"Paris\"}}}}\n</tool_call><|im_end|>\n\
-         <|im_start|>user\n<tool_response>\n22 degrees\n</tool_response>\n<tool_response>\n\
-         sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    );
+    // Word for word what Qwen2.5's own template writes, after this system message.
+    let expected = with_tools_and_calls("Be brief.");
     assert_eq!(text, expected);
     // No system message: one is added for the instructions.
     let text = template
