@@ -54,6 +54,9 @@ pub struct FitArgs {
     /// Worker threads of the runtime (per-thread scratch) [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Speculative decoding as `airs run` will do it (its draft rows' logits count).
+    #[command(flatten)]
+    pub draft: crate::run::DraftArgs,
     /// The loader `airs run` will use: eager, mmap or lazy (its chunk buffers count).
     #[arg(long, default_value = "lazy", value_name = "LOADER")]
     pub loader: LoaderKind,
@@ -99,6 +102,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<()> {
         context,
         kv: args.kv_type,
         threads,
+        draft: args.draft.config(),
     };
     let page = airs_memory::page_size() as u64;
     let est = Estimate::new(&shape, request, budget.model_pool_bytes, page)?;

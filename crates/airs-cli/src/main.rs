@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_batch;
+mod bench_draft;
 mod bench_kv;
 mod bench_load;
 mod bench_sessions;
@@ -88,6 +89,8 @@ enum BenchCommand {
     Sessions(bench_sessions::BenchSessionsArgs),
     /// Continuous batching: aggregate and per-session decode tokens/s at several concurrencies.
     Batch(bench_batch::BenchBatchArgs),
+    /// Speculative decoding: decode tokens/s with prompt-lookup drafts on chat tasks.
+    Draft(bench_draft::BenchDraftArgs),
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Kv(args)) => bench_kv::run(args),
         Command::Bench(BenchCommand::Sessions(args)) => bench_sessions::run(args),
         Command::Bench(BenchCommand::Batch(args)) => bench_batch::run(args),
+        Command::Bench(BenchCommand::Draft(args)) => bench_draft::run(args),
         Command::Session(args) => session_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Perplexity(args) => perplexity::run(args),

@@ -56,6 +56,8 @@ pub struct RunArgs {
     pub tool_choice: String,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -69,6 +71,22 @@ pub struct RunArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Speculative decoding, as `airs run` and `airs serve` take it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// Draft tokens a decoding sequence may compute a step, looked up in its own context
+    /// (prompt lookup; the tokens generated are the same, only faster when the reply copies
+    /// its context); 0 turns it off.
+    #[arg(long, value_name = "N", default_value_t = airs_runtime::lookup::DEFAULT_DRAFT_TOKENS)]
+    pub draft_tokens: usize,
+}
+
+impl DraftArgs {
+    pub fn config(&self) -> airs_runtime::DraftConfig {
+        airs_runtime::DraftConfig::with_tokens(self.draft_tokens)
+    }
 }
 
 /// The generation flags `airs run` and `airs session` share.
@@ -240,7 +258,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     // The paged KV cache: a pool sized for this one sequence, filled block by block on demand.
     let capacity = (prompt_ids.len() + params.max_tokens).min(context_len);
-    let config = single_sequence_config(&model.shape, capacity, args.kv_type)?;
+    let mut config = single_sequence_config(&model.shape, capacity, args.kv_type)?;
+    config.draft = args.draft.config();
     let model = Arc::new(model);
     let mut scheduler = Scheduler::new(Arc::clone(&model), config, None)?;
 
@@ -365,6 +384,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 "prefill_tokens_per_s": rate(done.prefill_tokens, done.prefill_time),
                 "decode_tokens": done.decode_tokens,
                 "decode_tokens_per_s": rate(done.decode_tokens, done.decode_time),
+                "draft_tokens": scheduler.stats().draft_tokens,
+                "drafts_accepted": scheduler.stats().drafts_accepted,
             },
             "memory": {
                 "weights_bytes": model.model.weight_bytes(),

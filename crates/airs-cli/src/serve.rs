@@ -45,6 +45,8 @@ pub struct ServeArgs {
     /// Sequences running at once per model.
     #[arg(long, default_value_t = 8)]
     pub parallel: usize,
+    #[command(flatten)]
+    pub draft: crate::run::DraftArgs,
     /// Requests waiting per model; more get 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
@@ -121,6 +123,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kv_type: args.kv_type,
         parallel: args.parallel.max(1),
         queue: args.queue,
+        draft: args.draft.config(),
         db: args.db.clone(),
     };
     let remote = args

@@ -35,7 +35,7 @@ use serde_json::json;
 
 use crate::model_file::{LoaderArgs, default_threads, load};
 use crate::pool_args::PoolArgs;
-use crate::run::SamplingArgs;
+use crate::run::{DraftArgs, SamplingArgs};
 
 /// `--sync`: how a commit reaches the disk.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -74,6 +74,8 @@ pub struct SessionArgs {
     pub show: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// KV pool budget (e.g. 64M), taken from the model pool with the weights and scratch.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     pub pool: usize,
@@ -165,6 +167,7 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
     let model = Arc::new(load(Some(&args.model), &args.load, &registry, threads)?);
     let mut config = SchedulerConfig::new(args.pool);
     config.kv_type = args.kv_type;
+    config.draft = args.draft.config();
     let mut scheduler = Scheduler::new(model, config, Some(store))?;
     for n in scheduler.kv_pool().memory().notices() {
         eprintln!("airs: note: {n}");

@@ -66,6 +66,11 @@ fn measured_peak(model: &Path, loader: &str, runs: usize) -> (u64, Vec<u64>, usi
             PROMPT,
             "-n",
             &n,
+            // Without drafts: how many rows of logits a step with drafts holds depends on the
+            // text, and the estimate charges the most (a known term, tested with the
+            // estimate's other parts in `airs_runtime::fit`).
+            "--draft-tokens",
+            "0",
             "--json",
         ]);
         let prompt = v["prompt_token_ids"].as_array().expect("prompt ids").len();
@@ -91,6 +96,8 @@ fn check_prediction(model: &Path, loader: &str, runs: usize) {
         &context.to_string(),
         "--loader",
         loader,
+        "--draft-tokens",
+        "0",
         "--json",
     ]);
     let predicted = fit["predicted_peak_rss_bytes"]

@@ -177,6 +177,13 @@ impl Scratch {
         }
     }
 
+    /// The same scratch with the logits of `rows` rows a step instead of one a sequence (a
+    /// step that also computes draft tokens wants their logits too).
+    pub fn with_logit_rows(mut self, shape: &ModelShape, rows: u64) -> Scratch {
+        self.logits = rows.max(1) * (shape.embd * 4 + shape.vocab * 4);
+        self
+    }
+
     pub fn total(&self) -> u64 {
         self.activations
             + self.quantized

@@ -251,6 +251,13 @@ impl PagedKv {
         self.table.reserve(new_len)
     }
 
+    /// Forget the positions from `len` on (draft tokens a verification rejected), returning
+    /// the blocks past them; positions in shared or indexed blocks stay
+    /// ([`BlockTable::truncate`]). Returns the new length.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        self.table.truncate(len)
+    }
+
     /// The sequence's block table.
     pub fn table(&self) -> &BlockTable {
         &self.table

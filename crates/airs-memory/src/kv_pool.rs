@@ -875,6 +875,32 @@ impl BlockTable {
         self.index_full_blocks(&mut st);
     }
 
+    /// Forget the committed positions from `len` on (draft tokens a verification rejected),
+    /// returning the blocks that no longer hold any position to the pool; returns the new
+    /// length. Positions in shared or indexed blocks are immutable and never forgotten: the
+    /// length does not go below them. Token ids declared for forgotten positions stay declared
+    /// (the caller must compute exactly those tokens there again).
+    pub fn truncate(&mut self, len: usize) -> usize {
+        let tpb = self.pool.tokens_per_block();
+        let floor = (self.exclusive_from.max(self.indexed) * tpb).min(self.len);
+        let len = len.clamp(floor, self.len);
+        if len == self.len {
+            return len;
+        }
+        let keep_blocks = len.div_ceil(tpb);
+        let pool = Arc::clone(&self.pool);
+        let mut st = pool.lock();
+        if !len.is_multiple_of(tpb) {
+            st.meta[self.blocks[len / tpb].0 as usize].tokens_stored = (len % tpb) as u32;
+        }
+        // Blocks past the committed positions (reserved, never written) go too.
+        for b in self.blocks.drain(keep_blocks..) {
+            st.release(b);
+        }
+        self.len = len;
+        len
+    }
+
     /// Declare the token ids of the positions after those already declared (e.g. generated
     /// tokens), so that full blocks holding them can be indexed for reuse. The caller must
     /// compute exactly these tokens at those positions.

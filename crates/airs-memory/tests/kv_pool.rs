@@ -1,5 +1,5 @@
 //! The KV block pool under random interleavings of sequence operations — new sequences with
-//! prefix lookup, appends, forks, frees and reclaims — checked against a model after every step:
+//! prefix lookup, appends, forks, frees, reclaims and truncations — checked against a model after every step:
 //! refcounts never underflow (the pool panics if they would), no block is both free and
 //! referenced, every byte and every stored position is accounted for, the budget holds, and every
 //! sequence reads back exactly the rows it (or the sequence it shares them with) wrote.
@@ -56,6 +56,10 @@ fn write_rows(seq: &mut Seq, from: usize, to: usize, unique: &mut u64) {
     seq.table.commit(to);
 }
 
+fn tpb_of(table: &BlockTable) -> usize {
+    table.pool().tokens_per_block()
+}
+
 fn read_row(table: &BlockTable, p: usize) -> u64 {
     let tpb = table.pool().tokens_per_block();
     let at = (p % tpb) * ROW;
@@ -82,6 +86,11 @@ enum Op {
     Reclaim {
         blocks: usize,
     },
+    /// Forget the last `drop` positions (rejected draft tokens).
+    Truncate {
+        seq: usize,
+        drop: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -94,6 +103,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8).prop_map(|seq| Op::Fork { seq }),
         2 => (0usize..8).prop_map(|seq| Op::Free { seq }),
         1 => (0usize..4).prop_map(|blocks| Op::Reclaim { blocks }),
+        2 => (0usize..8, 0usize..10).prop_map(|(seq, drop)| Op::Truncate { seq, drop }),
     ]
 }
 
@@ -229,6 +239,21 @@ fn run(ops: Vec<Op>, tokens_per_block: u32, blocks: usize) -> Result<(), TestCas
                 let cached = pool.stats().blocks_cached as usize;
                 prop_assert_eq!(pool.reclaim_cached(blocks), blocks.min(cached));
             }
+            Op::Truncate { seq, drop } => {
+                if let Some(last) = seqs.len().checked_sub(1) {
+                    let s = &mut seqs[seq.min(last)];
+                    let (len, tpb) = (s.table.len(), tpb_of(&s.table));
+                    let want = len.saturating_sub(drop);
+                    let got = s.table.truncate(want);
+                    // Only positions in shared or indexed blocks are kept against the request.
+                    prop_assert!(got >= want && got <= len);
+                    prop_assert!(got == want || got == len || got.is_multiple_of(tpb));
+                    if got < len {
+                        prop_assert_eq!(s.table.blocks().len(), got.div_ceil(tpb));
+                    }
+                    s.rows.truncate(got);
+                }
+            }
         }
         check(&pool, &seqs)?;
     }
@@ -333,4 +358,36 @@ fn pinning_is_done_or_reported() {
         assert!(pool.pinned() || !pool.notices().is_empty(), "{pin:?}");
         assert_eq!(pool.blocks_total(), 1024);
     }
+}
+
+#[test]
+fn truncating_rejected_drafts_frees_their_blocks_but_never_an_indexed_one() {
+    let pool = eight_blocks_of_four();
+    let mut unique = 0;
+    let mut a = Seq {
+        table: pool.new_table(None),
+        rows: Vec::new(),
+        undeclared: false,
+    };
+    // Five declared positions (the first block is indexed), then six undeclared drafts.
+    a.table.extend_tokens(&[1, 2, 3, 4, 5]);
+    a.table.reserve(5).unwrap();
+    write_rows(&mut a, 0, 5, &mut unique);
+    a.table.reserve(11).unwrap();
+    let tpb = 4;
+    for p in 5..11 {
+        let at = (p % tpb) * ROW;
+        a.table.block_mut(p / tpb)[at..at + ROW].copy_from_slice(&(p as u64).to_le_bytes());
+    }
+    a.table.commit(11);
+    assert_eq!(pool.stats().blocks_used, 3);
+    assert_eq!(a.table.truncate(6), 6);
+    assert_eq!(a.table.blocks().len(), 2);
+    let stats = pool.audit().unwrap();
+    assert_eq!((stats.blocks_used, stats.tokens_stored), (2, 6));
+    // The indexed first block stays whole whatever is asked.
+    assert_eq!(a.table.truncate(2), 4);
+    assert_eq!(a.table.indexed_blocks(), 1);
+    a.rows.truncate(4);
+    check(&pool, &[a]).unwrap();
 }

@@ -206,6 +206,14 @@ pub fn scheduler_charges(
         config.step_tokens as u64,
         config.max_running as u64,
     );
+    // A step with drafts wants the logits of every draft row as well.
+    let draft = &config.draft;
+    let logit_rows = if draft.enabled() {
+        (1 + draft.max_tokens).max(config.max_running)
+    } else {
+        config.max_running
+    };
+    let scratch = scratch.with_logit_rows(shape, logit_rows.min(config.step_tokens) as u64);
     Ok(SchedulerCharges {
         kv_bytes_per_token: per_token,
         kv_bytes: kv_bytes as u64,
@@ -244,13 +252,15 @@ pub fn sessions_config(
     Ok(config)
 }
 
-/// What `airs fit` was asked: sessions of a context with a KV type, on a number of threads.
+/// What `airs fit` was asked: sessions of a context with a KV type, on a number of threads,
+/// with speculative decoding as `airs run` and `airs serve` will do it (its drafts' logits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FitRequest {
     pub sessions: u64,
     pub context: u64,
     pub kv: KvType,
     pub threads: u64,
+    pub draft: crate::DraftConfig,
 }
 
 /// The verdict for the model pool.
@@ -286,12 +296,13 @@ impl Estimate {
         page_bytes: u64,
     ) -> Result<Estimate> {
         let tpb = u64::from(airs_memory::DEFAULT_TOKENS_PER_BLOCK);
-        let config = sessions_config(
+        let mut config = sessions_config(
             shape,
             request.sessions as usize,
             request.context as usize,
             request.kv,
         )?;
+        config.draft = request.draft;
         let charges = scheduler_charges(shape, &config, request.threads)?;
         let kv_per_token = charges.kv_bytes_per_token as u64;
         let weights = shape.file_bytes.div_ceil(page_bytes) * page_bytes;
@@ -444,6 +455,7 @@ mod tests {
             context,
             kv: KvType::F16,
             threads: 4,
+            draft: crate::DraftConfig::OFF,
         }
     }
 
@@ -492,6 +504,22 @@ mod tests {
         assert_eq!(e.scratch, charges.scratch);
         assert_eq!(config.max_running, 3);
         assert_eq!(config.step_tokens, 21);
+        assert_eq!(e.scratch.logits, 3 * (896 * 4 + 151_936 * 4));
+        // With up to 8 drafts, a step computes the logits of up to 9 rows.
+        let drafting = FitRequest {
+            draft: crate::DraftConfig::with_tokens(8),
+            ..req(3, 21)
+        };
+        let d = Estimate::new(&s, drafting, 2 << 30, 4096).unwrap();
+        assert_eq!(d.scratch.logits, 9 * (896 * 4 + 151_936 * 4));
+        let config = SchedulerConfig {
+            draft: drafting.draft,
+            ..config
+        };
+        assert_eq!(
+            scheduler_charges(&s, &config, 4).unwrap().scratch,
+            d.scratch
+        );
     }
 
     #[test]

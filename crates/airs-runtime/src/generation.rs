@@ -105,7 +105,7 @@ pub(crate) struct Accepted {
 /// A token drawn from a position's logits ([`Generation::draw`]), not yet accepted.
 #[derive(Debug)]
 pub(crate) struct Draw {
-    token: u32,
+    pub(crate) token: u32,
     logprobs: Option<TokenLogprobs>,
     /// The output format's constraint allowed no token at all (the choice ends).
     blocked: bool,
@@ -150,6 +150,11 @@ impl Generation {
             },
             generated: Vec::new(),
         }
+    }
+
+    /// Tokens it may still generate before `max_tokens`.
+    pub(crate) fn remaining_tokens(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated.len())
     }
 
     /// The text generated so far (stop string excluded).

@@ -38,6 +38,7 @@ pub mod idle;
 pub mod invariants;
 pub mod json_schema;
 pub mod json_syntax;
+pub mod lookup;
 pub mod metrics;
 pub mod model;
 pub mod perplexity;
@@ -53,6 +54,7 @@ pub mod workload;
 pub use airs_memory::eviction::{EvictionClass, Priority, Protection, SessionId};
 pub use error::{ErrorClass, Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 pub use idle::{Clock, ManualClock, SystemClock, damon_available};
+pub use lookup::DraftConfig;
 pub use metrics::{Histogram, PerPriority, SchedulerStats};
 pub use model::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, ModelBytes, Weights};
 pub use request::{

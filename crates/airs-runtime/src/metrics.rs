@@ -110,6 +110,10 @@ pub struct SchedulerStats {
     /// Draws of constrained requests (`response_format`) that broke the constraint and were
     /// drawn again from the allowed tokens (each a mask over the vocabulary).
     pub constrained_redraws: u64,
+    /// Draft tokens computed by speculative decoding ([`crate::lookup`]), and those kept
+    /// (each one a token generated without a step of its own).
+    pub draft_tokens: u64,
+    pub drafts_accepted: u64,
     /// Prompt tokens looked up in the prefix cache, and those found there.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,

@@ -15,9 +15,14 @@
 //!    ([`SchedulerConfig::step_tokens`], 512 by default), most important first;
 //! 3. waiting requests are admitted while a slot ([`SchedulerConfig::max_running`]) and budget
 //!    remain, most important first; admission reserves blocks for the whole prompt;
-//! 4. one batched forward pass ([`airs_engine::Model::forward_batch`]) computes every scheduled
+//! 4. with speculative decoding ([`SchedulerConfig::draft`]), decoding sequences also get
+//!    draft tokens looked up in their own context ([`crate::lookup`]) in what is left of the
+//!    step, taking only free blocks;
+//! 5. one batched forward pass ([`airs_engine::Model::forward_batch`]) computes every scheduled
 //!    row, reading each weight matrix once; the logits of every sequence that reached the end
-//!    of its pending tokens are sampled ([`crate::generation`]) and streamed to its request.
+//!    of its pending tokens are sampled ([`crate::generation`]) and streamed to its request
+//!    (a speculating sequence's rows in order, while the token drawn is the next draft; the
+//!    positions of the drafts rejected are forgotten).
 //!
 //! "Most important first" is: sequences that have waited [`SchedulerConfig::starvation_steps`]
 //! steps without being scheduled, then priority (interactive, system, background), then arrival.
@@ -92,6 +97,7 @@ use serde::Serialize;
 use crate::error::{Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 use crate::generation::{Draw, Generation};
 use crate::idle::{Clock, SystemClock};
+use crate::lookup::{self, DraftConfig};
 use crate::metrics::SchedulerStats;
 use crate::model::LoadedModel;
 use crate::request::{
@@ -124,6 +130,8 @@ pub struct SchedulerConfig {
     pub idle_threshold: Duration,
     /// Steps without progress after which a runnable sequence is served first.
     pub starvation_steps: u64,
+    /// Speculative decoding with drafts by prompt lookup ([`crate::lookup`]); off by default.
+    pub draft: DraftConfig,
 }
 
 impl SchedulerConfig {
@@ -141,6 +149,7 @@ impl SchedulerConfig {
             max_waiting: 64,
             idle_threshold: EvictionPolicy::DEFAULT_IDLE_THRESHOLD,
             starvation_steps: 16,
+            draft: DraftConfig::OFF,
         }
     }
 }
@@ -182,6 +191,10 @@ pub struct StepReport {
     pub stalled: Vec<SeqId>,
     /// Waiting sequences not admitted, and why.
     pub waiting: Vec<(SeqId, WaitReason)>,
+    /// Draft tokens computed beside decode rows (counted in neither of the above), and those
+    /// the verification kept.
+    pub draft_rows: usize,
+    pub drafts_accepted: usize,
     /// Forward-pass time.
     #[serde(skip)]
     pub forward_time: Duration,
@@ -189,7 +202,7 @@ pub struct StepReport {
 
 impl StepReport {
     pub fn rows(&self) -> usize {
-        self.decode_rows + self.prefill_rows
+        self.decode_rows + self.prefill_rows + self.draft_rows
     }
 }
 
@@ -308,6 +321,20 @@ struct Seq {
     computed_high: usize,
     running: bool,
     admitted_once: bool,
+    /// Set from planning a step that computes drafts until its verification settles.
+    speculation: Option<Speculation>,
+    /// Most drafts its next step computes (see `verify_drafts`), and the steps in a row whose
+    /// drafts were all rejected.
+    draft_len: usize,
+    missed_steps: u32,
+}
+
+/// A decode step that also computes draft tokens ([`crate::lookup`]).
+struct Speculation {
+    /// Position of the pending token.
+    base: usize,
+    /// The pending token, then the drafts: what the step computes at `base..`.
+    rows: Vec<u32>,
 }
 
 impl Seq {
@@ -321,6 +348,23 @@ impl Seq {
 
     fn blocks(&self) -> &[BlockId] {
         self.kv.as_ref().map_or(&[], |kv| kv.table().blocks())
+    }
+
+    /// After a step with drafts: forget the KV positions of drafts that did not become the
+    /// sequence's tokens (its cache then holds exactly positions whose tokens it has).
+    fn settle_drafts(&mut self) {
+        let Some(spec) = self.speculation.take() else {
+            return;
+        };
+        let agreed = spec
+            .rows
+            .iter()
+            .zip(&self.tokens[spec.base..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if let Some(kv) = self.kv.as_mut() {
+            kv.truncate(spec.base + agreed);
+        }
     }
 }
 
@@ -737,6 +781,9 @@ impl Scheduler {
             computed_high: 0,
             running: false,
             admitted_once: false,
+            speculation: None,
+            draft_len: usize::MAX,
+            missed_steps: 0,
         });
         self.waiting.push(seq);
         Ok(Req {
@@ -854,6 +901,7 @@ impl Scheduler {
             }
         }
         self.admit(&mut plan, &mut budget, &mut report);
+        self.plan_drafts(&mut plan, &mut budget);
         if plan.is_empty() {
             self.break_deadlock(&report);
             self.drop_gone();
@@ -862,6 +910,64 @@ impl Scheduler {
         self.run(&plan, &mut report);
         self.drop_gone();
         report
+    }
+
+    /// Give planned decode rows draft tokens ([`crate::lookup`]), most important first, while
+    /// the step stays within `1 + max_tokens` rows ([`DraftConfig::max_tokens`]) and its token
+    /// budget. Drafts
+    /// only take free (or reclaimable cached) blocks: they never evict or preempt anything.
+    fn plan_drafts(&mut self, plan: &mut [Planned], budget: &mut usize) {
+        let config = self.config.draft;
+        if !config.enabled() {
+            return;
+        }
+        let sampling: Vec<bool> = plan
+            .iter()
+            .map(|p| {
+                let s = self.seq(p.seq);
+                p.rows == 1
+                    && p.output == Output::LastLogits
+                    && s.pending() == 1
+                    && s.generation.is_some()
+                    && !self.forks_now(p.seq)
+            })
+            .collect();
+        let rows: usize = plan.iter().map(|p| p.rows).sum();
+        let mut spare = (1 + config.max_tokens).saturating_sub(rows);
+        let context_len = self.model.context_len();
+        for (p, _) in plan.iter_mut().zip(sampling).filter(|(_, s)| *s) {
+            if spare == 0 {
+                break;
+            }
+            let seq = self.seqs[p.seq.0 as usize].as_mut().expect("planned");
+            let generation = seq.generation.as_ref().expect("checked");
+            let base = seq.kv_len();
+            // Each kept draft is a token of the reply, and the last row's draw one more.
+            let max = config
+                .max_tokens
+                .min(seq.draft_len)
+                .min(spare)
+                .min(*budget)
+                .min(generation.remaining_tokens().saturating_sub(1))
+                .min(context_len.saturating_sub(base + 1));
+            let drafts = lookup::propose(&seq.tokens, &config, max);
+            if drafts.is_empty() {
+                continue;
+            }
+            let mut rows = Vec::with_capacity(1 + drafts.len());
+            rows.push(seq.tokens[base]);
+            rows.extend_from_slice(drafts);
+            let kv = seq.kv.as_mut().expect("a running sequence has a cache");
+            if kv.try_reserve(base + rows.len()).is_err() {
+                continue;
+            }
+            *budget -= rows.len() - 1;
+            spare -= rows.len() - 1;
+            self.stats.draft_tokens += (rows.len() - 1) as u64;
+            p.rows = rows.len();
+            p.output = Output::AllLogits;
+            seq.speculation = Some(Speculation { base, rows });
+        }
     }
 
     fn planned(&self, id: SeqId, rows: usize) -> Planned {
@@ -1571,7 +1677,8 @@ impl Scheduler {
             let seq = self.seq_mut(p.seq);
             let kv = seq.kv.as_mut().expect("a scheduled sequence has a cache");
             let declared = kv.table().tokens().len();
-            let end = kv.table().len() + p.rows;
+            // Drafts are declared only once they are the sequence's tokens.
+            let end = (kv.table().len() + p.rows).min(seq.tokens.len());
             if declared < end {
                 let new: Vec<u32> = seq.tokens[declared..end].to_vec();
                 kv.extend_tokens(&new);
@@ -1585,9 +1692,13 @@ impl Scheduler {
             for (p, kv) in plan.iter().zip(kvs.iter_mut()) {
                 let seq = self.seqs[p.seq.0 as usize].as_ref().expect("live");
                 let at = kv.table().len();
+                let tokens = match &seq.speculation {
+                    Some(spec) => &spec.rows[..],
+                    None => &seq.tokens[at..at + p.rows],
+                };
                 batch.push(BatchSeq {
                     kv,
-                    tokens: &seq.tokens[at..at + p.rows],
+                    tokens,
                     output: p.output,
                 });
             }
@@ -1620,9 +1731,16 @@ impl Scheduler {
         for (i, p) in plan.iter().enumerate() {
             let seq = self.seq_mut(p.seq);
             seq.since = step;
-            let len = seq.kv_len();
+            // Until its verification, a speculating sequence has computed its pending token.
+            let len = seq
+                .speculation
+                .as_ref()
+                .map_or_else(|| seq.kv_len(), |spec| spec.base + 1);
             seq.computed_high = seq.computed_high.max(len);
-            if p.rows == 1 && len == seq.tokens.len() && seq.tokens.len() > seq.prompt_len {
+            if p.output == Output::AllLogits {
+                report.decode_rows += 1;
+                report.draft_rows += p.rows - 1;
+            } else if p.rows == 1 && len == seq.tokens.len() && seq.tokens.len() > seq.prompt_len {
                 report.decode_rows += 1;
             } else {
                 report.prefill_rows += p.rows;
@@ -1642,11 +1760,64 @@ impl Scheduler {
                     Some(draw) => self.accept_drawn(p.seq, draw),
                     None => self.sample(p.seq, out.get(i)),
                 },
-                Output::AllLogits => unreachable!("the scheduler asks for the last logits"),
+                Output::AllLogits => {
+                    report.drafts_accepted += self.verify_drafts(p.seq, out.get(i));
+                }
             }
         }
         self.step_out = out;
         self.stats.rows += report.rows() as u64;
+    }
+
+    /// Draw a speculating sequence's tokens from the logits of its rows, the pending token's
+    /// first, as decoding draws them one step at a time; while the token drawn is the next
+    /// draft, that draft's row holds the logits the next step would have computed (the kernels
+    /// are batch-invariant), so the next token is drawn from it. The first token that is not
+    /// the next draft ends the step; the rejected drafts' positions are forgotten. Returns the
+    /// drafts kept.
+    fn verify_drafts(&mut self, id: SeqId, logits: &[f32]) -> usize {
+        let vocab = self.model.model.config.vocab_len;
+        let drafts = {
+            let spec = self
+                .seq(id)
+                .speculation
+                .as_ref()
+                .expect("a speculating sequence");
+            spec.rows[1..].to_vec()
+        };
+        let mut kept = 0;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            let seq = self.seq_mut(id);
+            let Seq {
+                generation, tokens, ..
+            } = seq;
+            let draw = generation
+                .as_mut()
+                .expect("a generating sequence")
+                .draw(row, tokens);
+            let agrees = drafts.get(i) == Some(&draw.token);
+            // The choice may end here (its cache settled then, in `finish_choice`).
+            self.accept_drawn(id, draw);
+            if !agrees || !self.seqs[id.0 as usize].as_ref().is_some_and(|s| s.running) {
+                break;
+            }
+            kept += 1;
+        }
+        if let Some(seq) = self.seqs[id.0 as usize].as_mut() {
+            // Drafts that keep missing cost rows for nothing: after two steps in a row kept
+            // none, each further one halves the next step's drafts; a step that keeps them
+            // all doubles them again.
+            seq.missed_steps = if kept == 0 { seq.missed_steps + 1 } else { 0 };
+            seq.draft_len = match kept {
+                0 if seq.missed_steps >= 2 => (drafts.len() / 2).max(1),
+                k if k == drafts.len() => seq.draft_len.saturating_mul(2),
+                _ => seq.draft_len,
+            };
+            seq.settle_drafts();
+            seq.computed_high = seq.computed_high.max(seq.kv_len());
+        }
+        self.stats.drafts_accepted += kept as u64;
+        kept
     }
 
     fn accumulate_embedding(&mut self, id: SeqId, hidden: &[f32]) {
@@ -1779,6 +1950,9 @@ impl Scheduler {
                 computed_high: leader.computed_high,
                 running: true,
                 admitted_once: true,
+                speculation: None,
+                draft_len: usize::MAX,
+                missed_steps: 0,
             };
             let sid = self.new_seq(seq);
             self.running.push(sid);
@@ -1865,7 +2039,8 @@ impl Scheduler {
     }
 
     fn finish_choice(&mut self, id: SeqId, reason: crate::request::FinishReason, tail: String) {
-        let seq = self.remove_seq(id);
+        let mut seq = self.remove_seq(id);
+        seq.settle_drafts();
         let generation = seq.generation.as_ref().expect("a generating sequence");
         let end = ChoiceEnd {
             choice: seq.choice,

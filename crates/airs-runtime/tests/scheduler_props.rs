@@ -1,5 +1,5 @@
 //! The scheduler under random arrivals, priorities, sampling, choices, cancellations, pool
-//! sizes and step budgets on stories260K, checked after every step against properties written
+//! sizes, step budgets and speculative decoding on stories260K, checked after every step against properties written
 //! independently of it:
 //! - the pool is never over-committed (audit: every block accounted for, within the budget);
 //! - a running interactive sequence is never preempted, and a sequence is preempted only for
@@ -8,7 +8,7 @@
 //!   a waiting one with a free slot and room for its whole sequence in free or cached blocks,
 //!   or a running one with pending tokens and room for its next block;
 //! - every request that completes — preempted and recomputed or not — produces exactly what it
-//!   produces alone, or, for a choice that came to hold the whole pool alone, that cut where
+//!   produces alone (decoding one token a step, without drafts), or, for a choice that came to hold the whole pool alone, that cut where
 //!   the pool ends (`ContextFull`); one that fails fails with `PoolExhausted`;
 //! - cancellations and completions return every block (nothing is used at the end), and the
 //!   run ends (no deadlock, no livelock).
@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use airs_engine::SamplerConfig;
 use airs_memory::PinPolicy;
 use airs_runtime::{
-    Collected, FinishReason, GenerationParams, LoadedModel, Priority, Prompt, Request, RequestId,
-    Scheduler, SchedulerConfig, SchedulerEvent,
+    Collected, DraftConfig, FinishReason, GenerationParams, LoadedModel, Priority, Prompt, Request,
+    RequestId, Scheduler, SchedulerConfig, SchedulerEvent,
 };
 use proptest::prelude::*;
 
@@ -102,6 +102,7 @@ fn check(
     blocks: usize,
     step_tokens: usize,
     max_running: usize,
+    draft_tokens: usize,
 ) -> Result<(), TestCaseError> {
     let m = model();
     let tpb = common::TPB as usize;
@@ -109,6 +110,7 @@ fn check(
     config.step_tokens = step_tokens;
     config.max_running = max_running;
     config.starvation_steps = 8;
+    config.draft = DraftConfig::with_tokens(draft_tokens);
     let bound = config.starvation_steps + max_running as u64;
     let mut s = Scheduler::new(Arc::clone(m), config.clone(), None).unwrap();
     let mut cells: BTreeMap<usize, (RequestId, Arc<std::sync::Mutex<Collected>>)> = BTreeMap::new();
@@ -236,8 +238,9 @@ proptest! {
         blocks in 6usize..48,
         step_tokens in prop_oneof![Just(16usize), Just(40usize), Just(512usize)],
         max_running in 2usize..6,
+        draft_tokens in prop_oneof![Just(0usize), Just(3usize)],
     ) {
-        check(ops, blocks, step_tokens, max_running)?;
+        check(ops, blocks, step_tokens, max_running, draft_tokens)?;
     }
 }
 
@@ -264,7 +267,7 @@ fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
         fixed_op(5, 2, 29, Priority::System, 2),
         fixed_op(0, 0, 1, Priority::Interactive, 1),
     ];
-    check(ops, 6, 16, 2).unwrap();
+    check(ops, 6, 16, 2, 0).unwrap();
 }
 
 /// Found by the property test: a request that ends removes its choices' sequences, and a choice
@@ -279,5 +282,5 @@ fn a_request_ending_never_removes_a_sequence_that_reused_its_slot() {
         fixed_op(9, 0, 12, Priority::Interactive, 1),
         fixed_op(19, 0, 3, Priority::Background, 2),
     ];
-    check(ops, 10, 40, 3).unwrap();
+    check(ops, 10, 40, 3, 0).unwrap();
 }

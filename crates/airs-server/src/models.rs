@@ -21,7 +21,7 @@ use airs_engine::{EngineErrorKind, KvType};
 use airs_memory::{LoadOptions, ModelRegistry};
 use airs_runtime::service::Service;
 use airs_runtime::{
-    Durability, HistoryStore, LoadedModel, RuntimeError, RuntimeErrorKind, Scheduler,
+    DraftConfig, Durability, HistoryStore, LoadedModel, RuntimeError, RuntimeErrorKind, Scheduler,
     SchedulerConfig,
 };
 
@@ -80,6 +80,8 @@ pub struct ServingConfig {
     pub parallel: usize,
     /// Requests waiting per model; more get 429.
     pub queue: usize,
+    /// Speculative decoding with prompt-lookup drafts.
+    pub draft: DraftConfig,
     /// The session database (`None`: sessions live in memory until the server stops).
     pub db: Option<PathBuf>,
 }
@@ -339,6 +341,7 @@ fn load(registry: &ModelRegistry, spec: &ModelSpec, c: &ServingConfig) -> Result
     config.kv_type = c.kv_type;
     config.max_running = c.parallel.max(1);
     config.max_waiting = c.queue;
+    config.draft = c.draft;
     config.step_tokens = config.step_tokens.max(config.max_running + 1);
     let model = Arc::new(model);
     let scheduler = Scheduler::new(Arc::clone(&model), config, Some(store)).map_err(fail)?;

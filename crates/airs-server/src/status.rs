@@ -235,6 +235,20 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
          tokens it allows.",
         &per(&|s| s.stats.constrained_redraws as f64),
     );
+    family(
+        &mut out,
+        "airs_draft_tokens_total",
+        "counter",
+        "Draft tokens computed by speculative decoding (prompt lookup).",
+        &per(&|s| s.stats.draft_tokens as f64),
+    );
+    family(
+        &mut out,
+        "airs_draft_accepted_tokens_total",
+        "counter",
+        "Draft tokens kept: tokens generated without a step of their own.",
+        &per(&|s| s.stats.drafts_accepted as f64),
+    );
     let ttft: Vec<(String, Histogram)> = snapshots
         .iter()
         .map(|(l, s, _)| (l.clone(), s.stats.time_to_first_token.clone()))
