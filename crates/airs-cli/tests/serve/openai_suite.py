@@ -181,6 +181,18 @@ def api(args):
                if l.startswith("airs_constrained_redraws_total")]
     check(redraws and float(redraws[0].split()[-1]) > 0,
           f"/metrics counts the constrained redraws: {redraws}")
+    # Speculative decoding (on by default): a reply that copies its prompt keeps drafts, and is
+    # the same text streamed or not.
+    code = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+    copy = [{"role": "user", "content": f"Repeat this code exactly:\n```python\n{code}```"}]
+    whole = chat(c, args, copy, max_tokens=60).choices[0].message.content
+    streamed = "".join(ch.choices[0].delta.content or ""
+                       for ch in chat(c, args, copy, max_tokens=60, stream=True) if ch.choices)
+    check(code.strip() in whole and streamed == whole,
+          f"a reply with drafts copies the code, streamed or not: {whole!r} {streamed!r}")
+    kept = [l for l in raw(args, "GET", "/metrics")[2].decode().splitlines()
+            if l.startswith("airs_draft_accepted_tokens_total")]
+    check(kept and float(kept[0].split()[-1]) > 0, f"/metrics counts the drafts kept: {kept}")
     try:
         chat(c, args, haiku, max_tokens=8, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {
