@@ -914,8 +914,8 @@ impl Scheduler {
 
     /// Give planned decode rows draft tokens ([`crate::lookup`]), most important first, while
     /// the step stays within `1 + max_tokens` rows ([`DraftConfig::max_tokens`]) and its token
-    /// budget. Drafts
-    /// only take free (or reclaimable cached) blocks: they never evict or preempt anything.
+    /// budget. Drafts only take free (or reclaimable cached) blocks: they never evict or
+    /// preempt anything.
     fn plan_drafts(&mut self, plan: &mut [Planned], budget: &mut usize) {
         let config = self.config.draft;
         if !config.enabled() {
@@ -1796,12 +1796,12 @@ impl Scheduler {
                 .expect("a generating sequence")
                 .draw(row, tokens);
             let agrees = drafts.get(i) == Some(&draw.token);
+            kept += usize::from(agrees);
             // The choice may end here (its cache settled then, in `finish_choice`).
             self.accept_drawn(id, draw);
             if !agrees || !self.seqs[id.0 as usize].as_ref().is_some_and(|s| s.running) {
                 break;
             }
-            kept += 1;
         }
         if let Some(seq) = self.seqs[id.0 as usize].as_mut() {
             // Drafts that keep missing cost rows for nothing: after two steps in a row kept
