@@ -50,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 use crate::idle::ManualClock;
 use crate::invariants::{check_event, check_model_pool, check_pool};
+use crate::lookup::DraftConfig;
 use crate::metrics::PerPriority;
 use crate::model::LoadedModel;
 use crate::request::{Event, GenerationParams, Request, SessionTurn};
@@ -395,6 +396,9 @@ pub struct BenchConfig {
     /// The reference pool's budget (default: 16 × `pool_bytes`, at least 256 MiB of address
     /// space; pinned on fault, so it costs only what is written).
     pub reference_pool_bytes: Option<usize>,
+    /// Speculative decoding of the scheduler under test (the reference decodes one token a
+    /// step).
+    pub draft: DraftConfig,
 }
 
 impl BenchConfig {
@@ -407,6 +411,7 @@ impl BenchConfig {
             pin: PinPolicy::default(),
             verify: false,
             reference_pool_bytes: None,
+            draft: DraftConfig::OFF,
         }
     }
 }
@@ -463,6 +468,8 @@ pub struct BenchReport {
     pub prefill_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub generated_tokens: u64,
+    /// Draft tokens kept by speculative decoding ([`BenchConfig::draft`]).
+    pub drafts_accepted: u64,
     pub steps: u64,
     /// Invariant violations (empty when all held).
     pub violations: Vec<String>,
@@ -595,10 +602,12 @@ fn scheduler_for(
     model: &Arc<LoadedModel>,
     config: &BenchConfig,
     pool_bytes: usize,
+    draft: DraftConfig,
     workload: &Workload,
     clock: &ManualClock,
 ) -> Result<Scheduler> {
     let mut sc = SchedulerConfig::new(pool_bytes);
+    sc.draft = draft;
     sc.tokens_per_block = config.tokens_per_block;
     sc.kv_type = config.kv_type;
     sc.pin = config.pin;
@@ -626,7 +635,14 @@ pub fn run_bench(
 ) -> Result<BenchReport> {
     workload.validate()?;
     let clock = ManualClock::new();
-    let mut scheduler = scheduler_for(model, config, config.pool_bytes, workload, &clock)?;
+    let mut scheduler = scheduler_for(
+        model,
+        config,
+        config.pool_bytes,
+        config.draft,
+        workload,
+        &clock,
+    )?;
     let schedule = workload.schedule();
     let started = Instant::now();
     let mut violations = Vec::new();
@@ -656,7 +672,14 @@ pub fn run_bench(
             .reference_pool_bytes
             .unwrap_or_else(|| config.pool_bytes.saturating_mul(16).max(256 << 20));
         let clock = ManualClock::new();
-        let mut reference = scheduler_for(reference_model, config, bytes, workload, &clock)?;
+        let mut reference = scheduler_for(
+            reference_model,
+            config,
+            bytes,
+            DraftConfig::OFF,
+            workload,
+            &clock,
+        )?;
         let mut ref_violations = Vec::new();
         let mut ref_checked = 0;
         let (ref_records, _) = serve(
@@ -711,6 +734,7 @@ pub fn run_bench(
         prefill_tokens: stats.prefill_tokens,
         prefix_hit_tokens: stats.prefix_hit_tokens,
         generated_tokens: stats.generated_tokens,
+        drafts_accepted: stats.drafts_accepted,
         steps: stats.steps,
         violations,
         verification,

@@ -3,10 +3,12 @@
 //! the session being served) is never evicted, evictions go background → system → idle
 //! interactive, least recently used first — and every reply, including those of sessions whose
 //! caches were evicted and rebuilt, equals the reply of the same workload served by a pool that
-//! never evicts (greedy and seeded sampling alike).
+//! never evicts and decodes one token a step (greedy and seeded sampling alike, with and without
+//! speculative decoding).
 mod common;
 
 use airs_memory::PinPolicy;
+use airs_runtime::DraftConfig;
 use airs_runtime::workload::{BenchConfig, Workload, WorkloadSession, run_bench};
 use common::*;
 use proptest::prelude::*;
@@ -93,6 +95,7 @@ proptest! {
         step_seconds in prop_oneof![Just(0.0), Just(30.0), Just(100.0), Just(200.0)],
         idle in prop_oneof![Just(0.0), Just(60.0), Just(300.0)],
         blocks in 10usize..36,
+        draft_tokens in prop_oneof![Just(0usize), Just(4usize)],
     ) {
         let w = workload(sessions, max_tokens, step_seconds, idle);
         let m = model();
@@ -101,6 +104,7 @@ proptest! {
         c.pin = PinPolicy::None;
         c.verify = true;
         c.reference_pool_bytes = Some(4 << 20);
+        c.draft = DraftConfig::with_tokens(draft_tokens);
         let report = run_bench(&m, Some(&model()), &c, &w).unwrap();
         prop_assert!(report.violations.is_empty(), "{:?}", report.violations);
         let v = report.verification.as_ref().unwrap();
