@@ -22,7 +22,7 @@
 //! free blocks, never evicting or preempting; and a sequence whose drafts were all rejected
 //! two steps in a row drafts half as many the next step (twice as many again after a step
 //! that kept them all). Measured with `airs bench draft` (BENCHMARKS.md): Qwen2.5-Coder-0.5B
-//! renaming a function in a module it repeats decodes 3-4× faster alone, an open question
+//! renaming a function in a module it repeats decodes 3-4.5× faster alone, an open question
 //! about 1.1×.
 //!
 //! Cost: a lookup scans the sequence backwards once per n-gram length, O(len × ngram_max)
