@@ -1757,7 +1757,9 @@ impl Scheduler {
                 Output::Nothing => {}
                 Output::AllHidden => self.accumulate_embedding(p.seq, out.get(i)),
                 Output::LastLogits => match draws[i].take() {
-                    Some(draw) => self.accept_drawn(p.seq, draw),
+                    Some(draw) => {
+                        self.accept_drawn(p.seq, draw);
+                    }
                     None => self.sample(p.seq, out.get(i)),
                 },
                 Output::AllLogits => {
@@ -1796,9 +1798,9 @@ impl Scheduler {
                 .expect("a generating sequence")
                 .draw(row, tokens);
             let agrees = drafts.get(i) == Some(&draw.token);
-            kept += usize::from(agrees);
-            // The choice may end here (its cache settled then, in `finish_choice`).
-            self.accept_drawn(id, draw);
+            // The choice may end here (its cache settled then, in `finish_choice`); a draft
+            // the model ends the reply with is not a token of it.
+            kept += usize::from(self.accept_drawn(id, draw) && agrees);
             if !agrees || !self.seqs[id.0 as usize].as_ref().is_some_and(|s| s.running) {
                 break;
             }
@@ -1972,7 +1974,8 @@ impl Scheduler {
     }
 
     /// Accept the token `id` drew: extend the sequence, stream it, end the choice if it ends.
-    fn accept_drawn(&mut self, id: SeqId, draw: Draw) {
+    /// Returns whether the token joined the sequence (an end-of-generation token does not).
+    fn accept_drawn(&mut self, id: SeqId, draw: Draw) -> bool {
         self.stats.constrained_redraws += u64::from(draw.redrawn);
         let request = self.seq(id).request;
         // A sequence holds at most the model's context and, unless it is a session's turn
@@ -2036,6 +2039,7 @@ impl Scheduler {
         if let Some((reason, tail)) = accepted.finish {
             self.finish_choice(id, reason, tail);
         }
+        accepted.token.is_some()
     }
 
     fn finish_choice(&mut self, id: SeqId, reason: crate::request::FinishReason, tail: String) {
