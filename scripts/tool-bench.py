@@ -10,6 +10,7 @@ round before. Prints medians, cached prompt tokens and every run.
     python3 scripts/tool-bench.py [http://localhost:8181] [ROUNDS=7]
 """
 import json
+import pathlib
 import statistics
 import sys
 import time
@@ -27,14 +28,8 @@ def post(body):
     return time.perf_counter() - start, reply
 
 
-weather = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}}
-add = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+tools_file = pathlib.Path(__file__).resolve().parents[1] / "testdata/tools/weather-and-add.json"
+weather, add = json.loads(tools_file.read_text())
 ask = [{"role": "user", "content": "What's the weather like in Paris today?"}]
 cases = [("no tools", {}), ("tools, auto", {"tools": [weather, add]}),
          ("tools, required", {"tools": [weather, add], "tool_choice": "required"}),

@@ -218,20 +218,7 @@ fn run_constrained_to_json_writes_json_and_logit_bias_steers_tokens() {
 
 #[test]
 fn run_with_tools_prints_the_calls_qwen_makes_and_the_calls_a_choice_forces() {
-    let dir = std::env::temp_dir().join(format!("airs-cli-tools-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let tools = dir.join("tools.json");
-    std::fs::write(
-        &tools,
-        r#"[{"type": "function", "function": {"name": "get_weather",
-              "description": "Get the current weather in a city", "parameters": {"type": "object",
-              "properties": {"city": {"type": "string", "description": "The city name"}},
-              "required": ["city"]}}},
-            {"type": "function", "function": {"name": "add", "description": "Add two integers",
-              "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-              "b": {"type": "integer"}}, "required": ["a", "b"]}}}]"#,
-    )
-    .unwrap();
+    let tools = airs_testdata::repo_path("testdata/tools/weather-and-add.json");
     let qwen = qwen_path();
     let ask = |extra: &[&str], json: bool| {
         let mut args = vec![
@@ -281,7 +268,6 @@ fn run_with_tools_prints_the_calls_qwen_makes_and_the_calls_a_choice_forces() {
     let out = airs(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a tool"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

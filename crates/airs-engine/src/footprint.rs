@@ -171,10 +171,11 @@ impl Scratch {
             activations: r * (f32s * 4 + rope),
             quantized: r * (s.act_row_bytes + prepared),
             per_thread: threads * (tile + scores),
-            logits: seqs * (s.embd * 4 + s.vocab * 4),
+            logits: 0,
             sampler: s.vocab * 16,
             residual: loading_rows.saturating_sub(r) * s.embd * 4,
         }
+        .with_logit_rows(shape, seqs)
     }
 
     /// The same scratch with the logits of `rows` rows a step instead of one a sequence (a

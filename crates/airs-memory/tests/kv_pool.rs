@@ -288,15 +288,20 @@ fn eight_blocks_of_four() -> Arc<KvPool> {
     .unwrap()
 }
 
+/// A sequence with nothing stored, without a salt.
+fn empty_seq(pool: &Arc<KvPool>) -> Seq {
+    Seq {
+        table: pool.new_table(None),
+        rows: Vec::new(),
+        undeclared: false,
+    }
+}
+
 #[test]
 fn a_fork_then_writes_on_both_sides_copy_the_shared_block_once() {
     let pool = eight_blocks_of_four();
     let mut unique = 0;
-    let mut a = Seq {
-        table: pool.new_table(None),
-        rows: Vec::new(),
-        undeclared: false,
-    };
+    let mut a = empty_seq(&pool);
     a.table.extend_tokens(&[1, 2, 3, 4, 5, 6]);
     a.table.reserve(6).unwrap();
     write_rows(&mut a, 0, 6, &mut unique);
@@ -364,11 +369,7 @@ fn pinning_is_done_or_reported() {
 fn truncating_rejected_drafts_frees_their_blocks_but_never_an_indexed_one() {
     let pool = eight_blocks_of_four();
     let mut unique = 0;
-    let mut a = Seq {
-        table: pool.new_table(None),
-        rows: Vec::new(),
-        undeclared: false,
-    };
+    let mut a = empty_seq(&pool);
     // Five declared positions (the first block is indexed), then six undeclared drafts.
     a.table.extend_tokens(&[1, 2, 3, 4, 5]);
     a.table.reserve(5).unwrap();

@@ -22,7 +22,7 @@
 //! free blocks, never evicting or preempting; and a sequence whose drafts were all rejected
 //! two steps in a row drafts half as many the next step (twice as many again after a step
 //! that kept them all). Measured with `airs bench draft` (BENCHMARKS.md): Qwen2.5-Coder-0.5B
-//! renaming a function in a module it repeats decodes 3-4.5× faster alone, an open question
+//! renaming a function in a module it repeats decodes 2.9-4.5× faster alone, an open question
 //! about 1.1×.
 //!
 //! Cost: a lookup scans the sequence backwards once per n-gram length, O(len × ngram_max)
@@ -37,12 +37,10 @@ pub struct DraftConfig {
     /// Most draft tokens a step computes; 0 turns speculation off. A step with drafts
     /// computes at most `1 + max_tokens` rows, its decode and prefill rows included: what one
     /// sequence's speculation costs. With several sequences decoding, they share that room
-    /// (most important first), and none is left once their own rows fill it. (Up to 16 rows,
-    /// a product runs on the row kernels, `airs_kernels::rows16`, whose cost grows slowly with
-    /// rows while the weights stream; a few sequences' own rows already take part of that,
-    /// and with `bench draft` on Qwen2.5-Coder-0.5B four sequences ran 1.28× faster copying
-    /// code with 9 rows a step, 0.96× with 12 and 1.02× with 16; on an open question 0.94×,
-    /// 0.88×, 0.86×.)
+    /// (most important first), and none is left once their own rows fill it. (Past 16 rows a
+    /// product leaves the row kernels, `airs_kernels::rows16`: with 18 and 36 rows, two and
+    /// four sequences copying code ran 1.27× and 0.81×. At four sequences, 9 and 16 rows a
+    /// step were alike copying, and 16 lost 5-9 % more on an open question; BENCHMARKS.md.)
     pub max_tokens: usize,
     /// The longest and the shortest n-gram looked up: the longest that matches wins.
     pub ngram_max: usize,

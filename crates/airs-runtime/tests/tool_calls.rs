@@ -14,15 +14,8 @@ use airs_runtime::{
 use airs_tokenizer::chat::ChatMessage;
 use serde_json::Value;
 
-const TOOLS: &str = r#"[
-    {"type": "function", "function": {"name": "get_weather",
-     "description": "Get the current weather in a city",
-     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "description": "Add two integers",
-     "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
-]"#;
+/// `get_weather(city)` and `add(a, b)`, as every tool test offers them.
+const TOOLS: &str = include_str!("../../../testdata/tools/weather-and-add.json");
 
 fn tools() -> Arc<Tools> {
     let list: Vec<SchemaValue> = serde_json::from_str(TOOLS).unwrap();

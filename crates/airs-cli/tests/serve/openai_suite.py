@@ -7,6 +7,7 @@ import concurrent.futures as cf
 import http.client
 import json
 import math
+import pathlib
 import random
 import socket
 import sys
@@ -14,6 +15,9 @@ import time
 import urllib.parse
 
 import openai
+
+# The repository root (this file is crates/airs-cli/tests/serve/openai_suite.py).
+REPO = pathlib.Path(__file__).resolve().parents[4]
 
 
 def client(args, key=None):
@@ -270,14 +274,7 @@ def tools_api(c, args, haiku):
     schema, and results go back as tool messages."""
     from pydantic import BaseModel
 
-    weather = {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}}
-    add = {"type": "function", "function": {
-        "name": "add", "description": "Add two integers",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    weather, add = json.loads((REPO / "testdata/tools/weather-and-add.json").read_text())
     ask = [{"role": "user", "content": "What's the weather like in Paris today?"}]
     rt = chat(c, args, ask, max_tokens=96, tools=[weather, add])
     m = rt.choices[0].message
