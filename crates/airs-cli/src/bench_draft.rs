@@ -13,7 +13,7 @@ use std::sync::Arc;
 use airs_engine::KvType;
 use airs_runtime::fit::sessions_config;
 use airs_runtime::{
-    Collected, DraftConfig, GenerationParams, LoadedModel, Prompt, Request, Scheduler,
+    Collected, DraftConfig, DraftCost, GenerationParams, LoadedModel, Prompt, Request, Scheduler,
 };
 use airs_tokenizer::chat::ChatMessage;
 use serde_json::json;
@@ -26,11 +26,12 @@ pub struct BenchDraftArgs {
     /// The GGUF model (default: the embedded stories260K model).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Draft-token settings to compare (0: no speculation).
+    /// Draft settings to compare: N drafts a sequence at most, as many as their measured cost
+    /// pays for, or `N:free` for all N whenever the lookup has them (0: no speculation).
     #[arg(long, value_delimiter = ',', default_value = "0,4,8")]
-    pub draft_tokens: Vec<usize>,
+    pub draft_tokens: Vec<DraftSetting>,
     /// Copies of each task served at once (each its own request and drafts), e.g. 1,2,4:
-    /// drafts fill a step only up to `1 + N` rows (`DraftConfig::max_tokens`).
+    /// a step with drafts computes at most max(16, 1 + N) rows (`DraftConfig::step_rows`).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub sessions: Vec<usize>,
     /// Most tokens a reply generates.
@@ -47,6 +48,37 @@ pub struct BenchDraftArgs {
     pub reps: usize,
     #[arg(long)]
     pub json: bool,
+}
+
+/// One `--draft-tokens` setting: `N` or `N:free`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DraftSetting(DraftConfig);
+
+impl std::str::FromStr for DraftSetting {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<DraftSetting, String> {
+        let (tokens, free) = match text.strip_suffix(":free") {
+            Some(tokens) => (tokens, true),
+            None => (text, false),
+        };
+        let tokens: usize = tokens
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?}: give N or N:free, N a number of draft tokens"))?;
+        let config = DraftConfig::with_tokens(tokens);
+        Ok(DraftSetting(if free { config.free() } else { config }))
+    }
+}
+
+impl std::fmt::Display for DraftSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0.max_tokens)?;
+        if self.0.cost == DraftCost::Free && self.0.enabled() {
+            write!(f, ":free")?;
+        }
+        Ok(())
+    }
 }
 
 /// The tasks: a name and a user message.
@@ -83,13 +115,15 @@ struct Run {
     steps: u64,
     draft_tokens: u64,
     drafts_accepted: u64,
+    /// The scheduler's fitted step cost at the end, in microseconds: fixed and per row.
+    step_cost_us: Option<(f64, f64)>,
 }
 
 fn run_once(
     model: &Arc<LoadedModel>,
     text: &str,
     args: &BenchDraftArgs,
-    draft_tokens: usize,
+    draft: DraftSetting,
     sessions: usize,
 ) -> anyhow::Result<Run> {
     let prompt = Prompt::Chat(vec![ChatMessage::user(text)]);
@@ -100,7 +134,7 @@ fn run_once(
         prompt_len + args.gen_tokens,
         args.kv_type,
     )?;
-    config.draft = DraftConfig::with_tokens(draft_tokens);
+    config.draft = draft.0;
     let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
     let params = GenerationParams {
         max_tokens: args.gen_tokens,
@@ -146,6 +180,9 @@ fn run_once(
         steps: stats.steps,
         draft_tokens: stats.draft_tokens,
         drafts_accepted: stats.drafts_accepted,
+        step_cost_us: scheduler
+            .step_cost()
+            .map(|c| (c.fixed_seconds * 1e6, c.row_seconds * 1e6)),
     })
 }
 
@@ -182,7 +219,7 @@ pub fn run(args: BenchDraftArgs) -> anyhow::Result<()> {
         }
         let reference = last[0].as_ref().expect("ran").tokens.clone();
         let base_rate = median(&mut rates[0].clone());
-        for (s, &draft) in args.draft_tokens.iter().enumerate() {
+        for (s, draft) in args.draft_tokens.iter().enumerate() {
             let r = last[s].as_ref().expect("ran");
             let same = r.tokens == reference;
             identical &= same;
@@ -190,7 +227,9 @@ pub fn run(args: BenchDraftArgs) -> anyhow::Result<()> {
             rows.push(json!({
                 "task": task,
                 "sessions": sessions,
-                "draft_tokens": draft,
+                "draft_tokens": draft.0.max_tokens,
+                "draft_cost": if draft.0.cost == DraftCost::Free { "free" } else { "measured" },
+                "draft_setting": draft.to_string(),
                 "generated_tokens": r.tokens.len(),
                 "steps": r.steps,
                 "drafts_computed": r.draft_tokens,
@@ -198,6 +237,8 @@ pub fn run(args: BenchDraftArgs) -> anyhow::Result<()> {
                 "decode_tokens_per_s": rate,
                 "decode_tokens_per_s_all": rates[s],
                 "speedup": rate / base_rate,
+                "step_fixed_us": r.step_cost_us.map(|c| c.0),
+                "step_row_us": r.step_cost_us.map(|c| c.1),
                 "identical_to_first_setting": same,
             }));
         }
@@ -219,21 +260,33 @@ pub fn run(args: BenchDraftArgs) -> anyhow::Result<()> {
             model.name, args.gen_tokens, args.reps
         );
         println!(
-            "  {:<8} {:>8} {:>6} {:>7} {:>6} {:>16} {:>10} {:>8}",
-            "task", "sessions", "drafts", "tokens", "steps", "drafts kept", "decode t/s", "speedup"
+            "  {:<8} {:>8} {:>6} {:>7} {:>6} {:>16} {:>10} {:>8} {:>18}",
+            "task",
+            "sessions",
+            "drafts",
+            "tokens",
+            "steps",
+            "drafts kept",
+            "decode t/s",
+            "speedup",
+            "step µs: fixed+row"
         );
         for r in &rows {
             println!(
-                "  {:<8} {:>8} {:>6} {:>7} {:>6} {:>7}/{:<8} {:>10.1} {:>7.2}×{}",
+                "  {:<8} {:>8} {:>6} {:>7} {:>6} {:>7}/{:<8} {:>10.1} {:>7.2}× {:>18}{}",
                 r["task"].as_str().unwrap_or(""),
                 r["sessions"].as_u64().unwrap_or(0),
-                r["draft_tokens"].as_u64().unwrap_or(0),
+                r["draft_setting"].as_str().unwrap_or(""),
                 r["generated_tokens"].as_u64().unwrap_or(0),
                 r["steps"].as_u64().unwrap_or(0),
                 r["drafts_accepted"].as_u64().unwrap_or(0),
                 r["drafts_computed"].as_u64().unwrap_or(0),
                 r["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
                 r["speedup"].as_f64().unwrap_or(0.0),
+                match (r["step_fixed_us"].as_f64(), r["step_row_us"].as_f64()) {
+                    (Some(fixed), Some(row)) => format!("{fixed:.1}+{row:.1}"),
+                    _ => "-".into(),
+                },
                 if r["identical_to_first_setting"] == true {
                     ""
                 } else {

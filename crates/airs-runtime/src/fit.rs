@@ -206,10 +206,10 @@ pub fn scheduler_charges(
         config.step_tokens as u64,
         config.max_running as u64,
     );
-    // A step with drafts wants the logits of every draft row as well.
+    // A step with drafts wants the logits of every row it computes.
     let draft = &config.draft;
     let logit_rows = if draft.enabled() {
-        (1 + draft.max_tokens).max(config.max_running)
+        draft.step_rows().max(config.max_running)
     } else {
         config.max_running
     };
@@ -505,13 +505,13 @@ mod tests {
         assert_eq!(config.max_running, 3);
         assert_eq!(config.step_tokens, 21);
         assert_eq!(e.scratch.logits, 3 * (896 * 4 + 151_936 * 4));
-        // With up to 8 drafts, a step computes the logits of up to 9 rows.
+        // With drafts, a step computes the logits of up to 16 rows (DraftConfig::step_rows).
         let drafting = FitRequest {
             draft: crate::DraftConfig::with_tokens(8),
             ..req(3, 21)
         };
         let d = Estimate::new(&s, drafting, 2 << 30, 4096).unwrap();
-        assert_eq!(d.scratch.logits, 9 * (896 * 4 + 151_936 * 4));
+        assert_eq!(d.scratch.logits, 16 * (896 * 4 + 151_936 * 4));
         let config = SchedulerConfig {
             draft: drafting.draft,
             ..config

@@ -31,6 +31,7 @@
 //! layout of `shared/design/layout.md`. Cost: see each module.
 
 pub mod constraint;
+pub mod draft_cost;
 pub mod error;
 pub mod fit;
 pub(crate) mod generation;
@@ -52,9 +53,10 @@ pub mod tools;
 pub mod workload;
 
 pub use airs_memory::eviction::{EvictionClass, Priority, Protection, SessionId};
+pub use draft_cost::StepCost;
 pub use error::{ErrorClass, Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 pub use idle::{Clock, ManualClock, SystemClock, damon_available};
-pub use lookup::DraftConfig;
+pub use lookup::{DraftConfig, DraftCost};
 pub use metrics::{Histogram, PerPriority, SchedulerStats};
 pub use model::{EMBEDDED_MODEL, EMBEDDED_MODEL_NAME, LoadedModel, ModelBytes, Weights};
 pub use request::{

@@ -17,11 +17,11 @@
 //! alike, and only their speed changes. Drafts the verification rejects cost their rows and
 //! their KV positions, which are forgotten ([`airs_engine::PagedKv::truncate`]).
 //!
-//! What bounds the cost: a step computes at most `1 + max_tokens` rows when it has drafts (the
-//! decoding sequences share that room, so with many of them there is none); drafts take only
-//! free blocks, never evicting or preempting; and a sequence whose drafts were all rejected
-//! two steps in a row drafts half as many the next step (twice as many again after a step
-//! that kept them all). Measured with `airs bench draft` (BENCHMARKS.md): Qwen2.5-Coder-0.5B
+//! What bounds the cost: each decoding sequence drafts at most `max_tokens` tokens a step, a
+//! step with drafts computes at most [`DraftConfig::step_rows`] rows, and drafts take only free
+//! blocks, never evicting or preempting. Within those limits [`crate::draft_cost`] decides how
+//! many drafts each sequence computes from what a row is measured to cost and how often the
+//! sequence's drafts were kept. Measured with `airs bench draft` (BENCHMARKS.md): Qwen2.5-Coder-0.5B
 //! renaming a function in a module it repeats decodes 2.9-4.5× faster alone, an open question
 //! about 1.1×.
 //!
@@ -34,17 +34,28 @@ pub const DEFAULT_DRAFT_TOKENS: usize = 8;
 /// When and how the scheduler drafts tokens (see the module documentation).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct DraftConfig {
-    /// Most draft tokens a step computes; 0 turns speculation off. A step with drafts
-    /// computes at most `1 + max_tokens` rows, its decode and prefill rows included: what one
-    /// sequence's speculation costs. With several sequences decoding, they share that room
-    /// (most important first), and none is left once their own rows fill it. (Past 16 rows a
-    /// product leaves the row kernels, `airs_kernels::rows16`: with 18 and 36 rows, two and
-    /// four sequences copying code ran 1.27× and 0.81×. At four sequences, 9 and 16 rows a
-    /// step were alike copying, and 16 lost 5-9 % more on an open question; BENCHMARKS.md.)
+    /// Most draft tokens a sequence computes a step; 0 turns speculation off.
     pub max_tokens: usize,
     /// The longest and the shortest n-gram looked up: the longest that matches wins.
     pub ngram_max: usize,
     pub ngram_min: usize,
+    /// How the number of drafts is chosen within the limits.
+    pub cost: DraftCost,
+}
+
+/// How the scheduler weighs a draft's row against the tokens it may save.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum DraftCost {
+    /// By the step times it measures ([`crate::draft_cost`]): what `airs run` and `airs serve`
+    /// do.
+    #[default]
+    Measured,
+    /// As if rows cost nothing: every draft the limits allow, most important sequence first.
+    /// The work then depends on the tokens alone (tests, benchmarks that pin it).
+    Free,
+    /// As if a step cost `fixed_nanos + row_nanos × rows`, whatever it is measured to cost
+    /// (tests of the choice).
+    Fixed { fixed_nanos: u64, row_nanos: u64 },
 }
 
 impl DraftConfig {
@@ -53,9 +64,18 @@ impl DraftConfig {
         max_tokens: 0,
         ngram_max: 3,
         ngram_min: 2,
+        cost: DraftCost::Measured,
     };
 
-    /// Up to `max_tokens` drafts a step from 3- or 2-grams.
+    /// Rows a step with drafts computes at most, unless `1 + max_tokens` is more: past 16
+    /// rows a product leaves the row kernels (`airs_kernels::rows16`) for the tiled ones,
+    /// whose cost per row is another line than the one [`crate::draft_cost`] fits. (With 18
+    /// and 36 rows, two and four sequences copying code ran 1.27× and 0.81× before the cost
+    /// was measured; BENCHMARKS.md.)
+    pub const STEP_ROWS: usize = 16;
+
+    /// Up to `max_tokens` drafts a sequence and step from 3- or 2-grams, as many as their
+    /// measured cost pays for.
     pub fn with_tokens(max_tokens: usize) -> DraftConfig {
         DraftConfig {
             max_tokens,
@@ -63,8 +83,21 @@ impl DraftConfig {
         }
     }
 
+    /// The same, with every draft the limits allow ([`DraftCost::Free`]).
+    pub fn free(self) -> DraftConfig {
+        DraftConfig {
+            cost: DraftCost::Free,
+            ..self
+        }
+    }
+
     pub fn enabled(&self) -> bool {
         self.max_tokens > 0
+    }
+
+    /// Most rows a step with drafts computes, its decode and prefill rows included.
+    pub fn step_rows(&self) -> usize {
+        (1 + self.max_tokens).max(Self::STEP_ROWS)
     }
 }
 

@@ -17,7 +17,8 @@
 //!    remain, most important first; admission reserves blocks for the whole prompt;
 //! 4. with speculative decoding ([`SchedulerConfig::draft`]), decoding sequences also get
 //!    draft tokens looked up in their own context ([`crate::lookup`]) in what is left of the
-//!    step, taking only free blocks;
+//!    step, as many as their measured cost pays for ([`crate::draft_cost`]), taking only free
+//!    blocks;
 //! 5. one batched forward pass ([`airs_engine::Model::forward_batch`]) computes every scheduled
 //!    row, reading each weight matrix once; the logits of every sequence that reached the end
 //!    of its pending tokens are sampled ([`crate::generation`]) and streamed to its request
@@ -94,10 +95,11 @@ use airs_memory::eviction::{
 use airs_memory::{BlockId, PinPolicy, PoolCharge, PoolUse};
 use serde::Serialize;
 
+use crate::draft_cost::{self, Acceptance, Candidate, StepCost, StepTimeFit};
 use crate::error::{Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
 use crate::generation::{Draw, Generation};
 use crate::idle::{Clock, SystemClock};
-use crate::lookup::{self, DraftConfig};
+use crate::lookup::{self, DraftConfig, DraftCost};
 use crate::metrics::SchedulerStats;
 use crate::model::LoadedModel;
 use crate::request::{
@@ -323,10 +325,8 @@ struct Seq {
     admitted_once: bool,
     /// Set from planning a step that computes drafts until its verification settles.
     speculation: Option<Speculation>,
-    /// Most drafts its next step computes (see `verify_drafts`), and the steps in a row whose
-    /// drafts were all rejected.
-    draft_len: usize,
-    missed_steps: u32,
+    /// Its drafts put to the model and kept ([`crate::draft_cost`]).
+    acceptance: Acceptance,
 }
 
 /// A decode step that also computes draft tokens ([`crate::lookup`]).
@@ -425,6 +425,12 @@ pub struct Scheduler {
     /// The last step's outputs, whose buffer the next step's logits are written over (part of
     /// the step scratch charged above).
     step_out: BatchOutput,
+    /// What a step costs in time against its rows, and how often drafts are kept overall
+    /// ([`crate::draft_cost`]).
+    step_times: StepTimeFit,
+    acceptance: Acceptance,
+    /// Steps in a row that had draft proposals and computed none.
+    draftless_steps: u32,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -511,6 +517,9 @@ impl Scheduler {
             events: Vec::new(),
             _scratch: scratch,
             step_out: BatchOutput::default(),
+            step_times: StepTimeFit::default(),
+            acceptance: Acceptance::INITIAL,
+            draftless_steps: 0,
         })
     }
 
@@ -782,8 +791,7 @@ impl Scheduler {
             running: false,
             admitted_once: false,
             speculation: None,
-            draft_len: usize::MAX,
-            missed_steps: 0,
+            acceptance: Acceptance::default(),
         });
         self.waiting.push(seq);
         Ok(Req {
@@ -875,6 +883,7 @@ impl Scheduler {
         }
         // While the weights load, a prompt may take several passes in one step: they run
         // layer-major, so all of them overlap the load.
+        let started = Instant::now();
         let loading = self.model.is_loading();
         let mut budget = self.config.step_tokens * if loading { LAYER_MAJOR_PASSES } else { 1 };
         let mut plan: Vec<Planned> = Vec::new();
@@ -908,52 +917,99 @@ impl Scheduler {
             return report;
         }
         self.run(&plan, &mut report);
+        // What the step's rows cost, planning, pass, draws and verification together. Steps
+        // that wait for the weights to load are not typical.
+        if !loading {
+            self.step_times
+                .observe(report.rows(), started.elapsed().as_secs_f64());
+        }
         self.drop_gone();
         report
     }
 
-    /// Give planned decode rows draft tokens ([`crate::lookup`]), most important first, while
-    /// the step stays within `1 + max_tokens` rows ([`DraftConfig::max_tokens`]) and its token
-    /// budget. Drafts only take free (or reclaimable cached) blocks: they never evict or
-    /// preempt anything.
+    /// Give planned decode rows draft tokens ([`crate::lookup`]): as many as their measured
+    /// cost pays for ([`crate::draft_cost`]), most likely kept first, within the step's rows
+    /// ([`DraftConfig::step_rows`]), its token budget and each sequence's own limits. Drafts
+    /// only take free (or reclaimable cached) blocks: they never evict or preempt anything.
     fn plan_drafts(&mut self, plan: &mut [Planned], budget: &mut usize) {
         let config = self.config.draft;
         if !config.enabled() {
             return;
         }
-        let sampling: Vec<bool> = plan
-            .iter()
-            .map(|p| {
-                let s = self.seq(p.seq);
-                p.rows == 1
-                    && p.output == Output::LastLogits
-                    && s.pending() == 1
-                    && s.generation.is_some()
-                    && !self.forks_now(p.seq)
-            })
-            .collect();
         let rows: usize = plan.iter().map(|p| p.rows).sum();
-        let mut spare = (1 + config.max_tokens).saturating_sub(rows);
+        let room = config.step_rows().saturating_sub(rows).min(*budget);
+        if room == 0 {
+            return;
+        }
         let context_len = self.model.context_len();
-        for (p, _) in plan.iter_mut().zip(sampling).filter(|(_, s)| *s) {
-            if spare == 0 {
-                break;
-            }
-            let seq = self.seqs[p.seq.0 as usize].as_mut().expect("planned");
-            let generation = seq.generation.as_ref().expect("checked");
-            let base = seq.kv_len();
+        let overall = self.acceptance.rate();
+        // (plan index, proposal length) of each decode row with a proposal.
+        let mut offers: Vec<(usize, usize)> = Vec::new();
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for (i, p) in plan.iter().enumerate() {
+            let s = self.seq(p.seq);
+            let decoding = p.rows == 1
+                && p.output == Output::LastLogits
+                && s.pending() == 1
+                && !self.forks_now(p.seq);
+            let Some(generation) = s.generation.as_ref().filter(|_| decoding) else {
+                continue;
+            };
             // Each kept draft is a token of the reply, and the last row's draw one more.
             let max = config
                 .max_tokens
-                .min(seq.draft_len)
-                .min(spare)
-                .min(*budget)
                 .min(generation.remaining_tokens().saturating_sub(1))
-                .min(context_len.saturating_sub(base + 1));
-            let drafts = lookup::propose(&seq.tokens, &config, max);
-            if drafts.is_empty() {
+                .min(context_len.saturating_sub(s.kv_len() + 1));
+            let proposed = lookup::propose(&s.tokens, &config, max).len();
+            if proposed > 0 {
+                offers.push((i, proposed));
+                candidates.push(Candidate {
+                    rate: s.acceptance.rate_with_prior(overall),
+                    max_drafts: proposed,
+                });
+            }
+        }
+        if offers.is_empty() {
+            return;
+        }
+        let cost = match config.cost {
+            DraftCost::Free => StepCost::FREE,
+            DraftCost::Measured => self.step_times.estimate().unwrap_or(StepCost::FREE),
+            DraftCost::Fixed {
+                fixed_nanos,
+                row_nanos,
+            } => StepCost {
+                fixed_seconds: fixed_nanos as f64 * 1e-9,
+                row_seconds: row_nanos as f64 * 1e-9,
+            },
+        };
+        let tokens = plan
+            .iter()
+            .filter(|p| p.output == Output::LastLogits)
+            .count() as f64;
+        let mut counts = draft_cost::choose(cost, rows, tokens, &candidates, room);
+        if counts.iter().all(|&c| c == 0) {
+            self.draftless_steps += 1;
+            if config.cost != DraftCost::Measured
+                || self.draftless_steps < draft_cost::EXPLORE_EVERY_STEPS
+            {
+                return;
+            }
+            // Keep measuring what a row costs: the likeliest sequence drafts one token.
+            let best = (0..candidates.len())
+                .max_by(|&a, &b| candidates[a].rate.total_cmp(&candidates[b].rate))
+                .expect("offers");
+            counts[best] = 1;
+        }
+        self.draftless_steps = 0;
+        for ((i, _), count) in offers.into_iter().zip(counts) {
+            if count == 0 {
                 continue;
             }
+            let p = &mut plan[i];
+            let seq = self.seqs[p.seq.0 as usize].as_mut().expect("planned");
+            let base = seq.kv_len();
+            let drafts = lookup::propose(&seq.tokens, &config, count);
             let mut rows = Vec::with_capacity(1 + drafts.len());
             rows.push(seq.tokens[base]);
             rows.extend_from_slice(drafts);
@@ -962,7 +1018,6 @@ impl Scheduler {
                 continue;
             }
             *budget -= rows.len() - 1;
-            spare -= rows.len() - 1;
             self.stats.draft_tokens += (rows.len() - 1) as u64;
             p.rows = rows.len();
             p.output = Output::AllLogits;
@@ -1787,7 +1842,7 @@ impl Scheduler {
                 .expect("a speculating sequence");
             spec.rows[1..].to_vec()
         };
-        let mut kept = 0;
+        let (mut kept, mut tried, mut agreed) = (0, 0, 0);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             let seq = self.seq_mut(id);
             let Seq {
@@ -1798,6 +1853,8 @@ impl Scheduler {
                 .expect("a generating sequence")
                 .draw(row, tokens);
             let agrees = drafts.get(i) == Some(&draw.token);
+            tried += usize::from(i < drafts.len());
+            agreed += usize::from(agrees);
             // The choice may end here (its cache settled then, in `finish_choice`); a draft
             // the model ends the reply with is not a token of it.
             kept += usize::from(self.accept_drawn(id, draw) && agrees);
@@ -1806,18 +1863,11 @@ impl Scheduler {
             }
         }
         if let Some(seq) = self.seqs[id.0 as usize].as_mut() {
-            // Drafts that keep missing cost rows for nothing: after two steps in a row kept
-            // none, each further one halves the next step's drafts; a step that keeps them
-            // all doubles them again.
-            seq.missed_steps = if kept == 0 { seq.missed_steps + 1 } else { 0 };
-            seq.draft_len = match kept {
-                0 if seq.missed_steps >= 2 => (drafts.len() / 2).max(1),
-                k if k == drafts.len() => seq.draft_len.saturating_mul(2),
-                _ => seq.draft_len,
-            };
+            seq.acceptance.record(tried, agreed);
             seq.settle_drafts();
             seq.computed_high = seq.computed_high.max(seq.kv_len());
         }
+        self.acceptance.record_overall(tried, agreed);
         self.stats.drafts_accepted += kept as u64;
         kept
     }
@@ -1953,8 +2003,7 @@ impl Scheduler {
                 running: true,
                 admitted_once: true,
                 speculation: None,
-                draft_len: usize::MAX,
-                missed_steps: 0,
+                acceptance: Acceptance::default(),
             };
             let sid = self.new_seq(seq);
             self.running.push(sid);
@@ -2276,6 +2325,12 @@ impl Scheduler {
     }
 
     /// The current step number (the last one run).
+    /// What a step costs in time against its rows, as measured so far ([`crate::draft_cost`];
+    /// `None` before enough steps of different sizes).
+    pub fn step_cost(&self) -> Option<StepCost> {
+        self.step_times.estimate()
+    }
+
     pub fn step_number(&self) -> u64 {
         self.step_no
     }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use airs_memory::PoolUsage;
 use serde::Serialize;
 
+use crate::draft_cost::StepCost;
 use crate::error::{RuntimeError, RuntimeErrorKind};
 use crate::metrics::SchedulerStats;
 use crate::model::LoadedModel;
@@ -46,6 +47,9 @@ pub struct Status {
     pub loading: bool,
     pub loaded_bytes: u64,
     pub region_bytes: u64,
+    /// What a step costs in time against its rows, as the scheduler measures it
+    /// ([`crate::draft_cost`]).
+    pub step_cost: Option<StepCost>,
     /// When the snapshot was taken, as seconds since the service started.
     pub at_seconds: f64,
 }
@@ -223,6 +227,7 @@ fn publish(scheduler: &Scheduler, status: &Mutex<Status>, started: Instant) {
         loading,
         loaded_bytes: loaded,
         region_bytes: total,
+        step_cost: scheduler.step_cost(),
         at_seconds: started.elapsed().as_secs_f64(),
     };
     *status.lock().unwrap_or_else(|e| e.into_inner()) = s;

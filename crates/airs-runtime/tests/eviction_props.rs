@@ -104,7 +104,7 @@ proptest! {
         c.pin = PinPolicy::None;
         c.verify = true;
         c.reference_pool_bytes = Some(4 << 20);
-        c.draft = DraftConfig::with_tokens(draft_tokens);
+        c.draft = DraftConfig::with_tokens(draft_tokens).free();
         let report = run_bench(&m, Some(&model()), &c, &w).unwrap();
         prop_assert!(report.violations.is_empty(), "{:?}", report.violations);
         let v = report.verification.as_ref().unwrap();

@@ -110,7 +110,7 @@ fn check(
     config.step_tokens = step_tokens;
     config.max_running = max_running;
     config.starvation_steps = 8;
-    config.draft = DraftConfig::with_tokens(draft_tokens);
+    config.draft = DraftConfig::with_tokens(draft_tokens).free();
     let bound = config.starvation_steps + max_running as u64;
     let mut s = Scheduler::new(Arc::clone(m), config.clone(), None).unwrap();
     let mut cells: BTreeMap<usize, (RequestId, Arc<std::sync::Mutex<Collected>>)> = BTreeMap::new();

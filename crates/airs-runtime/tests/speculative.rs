@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use airs_engine::SamplerConfig;
 use airs_runtime::{
-    ChoiceEnd, Collected, DraftConfig, GenerationParams, LoadedModel, OutputFormat, Priority,
-    Prompt, Request, Scheduler, SchedulerConfig, TokenEvent,
+    ChoiceEnd, Collected, DraftConfig, DraftCost, GenerationParams, LoadedModel, OutputFormat,
+    Priority, Prompt, Request, Scheduler, SchedulerConfig, TokenEvent,
 };
 use airs_tokenizer::chat::ChatMessage;
 
@@ -118,7 +118,7 @@ fn stories() -> Arc<LoadedModel> {
 
 fn with_drafts(config: SchedulerConfig, tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
-        draft: DraftConfig::with_tokens(tokens),
+        draft: DraftConfig::with_tokens(tokens).free(),
         ..config
     }
 }
@@ -232,4 +232,75 @@ fn drafts_change_nothing_beside_other_requests_under_a_constraint_or_in_a_small_
         let audit = s.kv_pool().memory().audit().unwrap();
         assert_eq!(audit.blocks_used, 0, "{audit:?}");
     }
+}
+
+#[test]
+fn drafts_are_computed_as_far_as_their_cost_pays() {
+    // Four greedy stories at once, under step costs fixed in advance: rows that cost nothing
+    // take every draft the lookup has; rows that cost a hundred steps, none; a step whose time
+    // is mostly fixed (weights streamed), some. The replies never change.
+    let m = stories();
+    let texts = [
+        "The dog ran to the park. The dog ran to the park.",
+        "Once upon a time there was a little cat who liked milk.",
+        "Tom saw a big tree. Tom saw a big tree. Tom saw",
+        "Lily wanted to play with her red ball.",
+    ];
+    let run = |cost: DraftCost| {
+        let draft = DraftConfig {
+            cost,
+            ..DraftConfig::with_tokens(6)
+        };
+        let mut s = Scheduler::new(
+            Arc::clone(&m),
+            SchedulerConfig {
+                draft,
+                ..common::config(64, &m)
+            },
+            None,
+        )
+        .unwrap();
+        let cells: Vec<_> = texts
+            .iter()
+            .map(|t| {
+                let (sink, cell) = Collected::sink();
+                let request = Request::generate(Prompt::Text((*t).into()), common::greedy(48));
+                s.submit(request, sink).unwrap();
+                cell
+            })
+            .collect();
+        s.run_to_completion();
+        let replies: Vec<_> = cells
+            .iter()
+            .map(|c| reply(&std::mem::take(&mut *c.lock().unwrap())))
+            .collect();
+        (s.stats().clone(), replies)
+    };
+    let (free, want) = run(DraftCost::Free);
+    let (never, got) = run(DraftCost::Fixed {
+        fixed_nanos: 1_000,
+        row_nanos: 100_000,
+    });
+    assert_eq!(got, want);
+    let (streamed, got) = run(DraftCost::Fixed {
+        fixed_nanos: 10_000_000,
+        row_nanos: 1_000_000,
+    });
+    assert_eq!(got, want);
+    for (name, s) in [("free", &free), ("streamed", &streamed), ("never", &never)] {
+        eprintln!(
+            "{name}: {} of {} drafts kept, {} steps",
+            s.drafts_accepted, s.draft_tokens, s.steps
+        );
+    }
+    assert!(free.drafts_accepted > 0, "{free:?}");
+    assert_eq!(never.draft_tokens, 0, "{never:?}");
+    assert!(streamed.drafts_accepted > 0, "{streamed:?}");
+    assert!(
+        streamed.draft_tokens < free.draft_tokens,
+        "{streamed:?} {free:?}"
+    );
+    // Kept drafts are what pays: the cost-weighed choice wastes a smaller share of its rows.
+    let kept = |s: &airs_runtime::SchedulerStats| s.drafts_accepted as f64 / s.draft_tokens as f64;
+    assert!(kept(&streamed) > kept(&free), "{streamed:?} {free:?}");
 }

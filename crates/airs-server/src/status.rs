@@ -249,6 +249,28 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         "Draft tokens kept: tokens generated without a step of their own.",
         &per(&|s| s.stats.drafts_accepted as f64),
     );
+    // The step-time fit the scheduler weighs drafts by (absent until it has one).
+    let fitted = |f: &dyn Fn(&airs_runtime::StepCost) -> f64| -> Vec<(String, f64)> {
+        snapshots
+            .iter()
+            .filter_map(|(l, s, _)| s.step_cost.as_ref().map(|c| (l.clone(), f(c))))
+            .collect()
+    };
+    family(
+        &mut out,
+        "airs_step_fixed_seconds",
+        "gauge",
+        "A step's time that does not grow with its rows, as the scheduler measures it (fitted \
+         over recent steps; it weighs draft tokens by it).",
+        &fitted(&|c| c.fixed_seconds),
+    );
+    family(
+        &mut out,
+        "airs_step_row_seconds",
+        "gauge",
+        "What a row (a token computed) adds to a step's time, as the scheduler measures it.",
+        &fitted(&|c| c.row_seconds),
+    );
     let ttft: Vec<(String, Histogram)> = snapshots
         .iter()
         .map(|(l, s, _)| (l.clone(), s.stats.time_to_first_token.clone()))

@@ -194,9 +194,14 @@ def api(args):
                        for ch in chat(c, args, copy, max_tokens=60, stream=True) if ch.choices)
     check(code.strip() in whole and streamed == whole,
           f"a reply with drafts copies the code, streamed or not: {whole!r} {streamed!r}")
-    kept = [l for l in raw(args, "GET", "/metrics")[2].decode().splitlines()
-            if l.startswith("airs_draft_accepted_tokens_total")]
+    metrics = raw(args, "GET", "/metrics")[2].decode().splitlines()
+    kept = [l for l in metrics if l.startswith("airs_draft_accepted_tokens_total")]
     check(kept and float(kept[0].split()[-1]) > 0, f"/metrics counts the drafts kept: {kept}")
+    # The step cost drafts are weighed by, measured by now: a positive time a step.
+    fixed = [float(l.split()[-1]) for l in metrics if l.startswith("airs_step_fixed_seconds{")]
+    row = [float(l.split()[-1]) for l in metrics if l.startswith("airs_step_row_seconds{")]
+    check(fixed and row and fixed[0] >= 0 and row[0] >= 0 and fixed[0] + row[0] > 0,
+          f"/metrics shows the measured step cost: {fixed} {row}")
     try:
         chat(c, args, haiku, max_tokens=8, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {
