@@ -942,7 +942,6 @@ impl Scheduler {
             return;
         }
         let context_len = self.model.context_len();
-        let overall = self.acceptance.rate();
         // (plan index, proposal length) of each decode row with a proposal.
         let mut offers: Vec<(usize, usize)> = Vec::new();
         let mut candidates: Vec<Candidate> = Vec::new();
@@ -962,9 +961,11 @@ impl Scheduler {
                 .min(context_len.saturating_sub(s.kv_len() + 1));
             let proposed = lookup::propose(&s.tokens, &config, max).len();
             if proposed > 0 {
+                let (first, later) = s.acceptance.rates_with_prior(&self.acceptance);
                 offers.push((i, proposed));
                 candidates.push(Candidate {
-                    rate: s.acceptance.rate_with_prior(overall),
+                    first,
+                    later,
                     max_drafts: proposed,
                 });
             }
@@ -972,32 +973,49 @@ impl Scheduler {
         if offers.is_empty() {
             return;
         }
-        let cost = match config.cost {
-            DraftCost::Free => StepCost::FREE,
-            DraftCost::Measured => self.step_times.estimate().unwrap_or(StepCost::FREE),
-            DraftCost::Fixed {
-                fixed_nanos,
-                row_nanos,
-            } => StepCost {
-                fixed_seconds: fixed_nanos as f64 * 1e-9,
-                row_seconds: row_nanos as f64 * 1e-9,
-            },
-        };
+        // Tokens the step draws without drafts: one for each row that ends its sequence's
+        // pending tokens.
         let tokens = plan
             .iter()
             .filter(|p| p.output == Output::LastLogits)
             .count() as f64;
-        let mut counts = draft_cost::choose(cost, rows, tokens, &candidates, room);
+        let mut counts = match config.cost {
+            DraftCost::Free => draft_cost::fill(&candidates, room),
+            DraftCost::Measured => {
+                let fit = &self.step_times;
+                match fit.seconds(rows) {
+                    Some(_) => draft_cost::choose(
+                        |r| fit.seconds(r).unwrap_or(f64::INFINITY),
+                        rows,
+                        tokens,
+                        &candidates,
+                        room,
+                    ),
+                    None => draft_cost::fill(&candidates, room),
+                }
+            }
+            DraftCost::Fixed {
+                fixed_nanos,
+                row_nanos,
+            } => {
+                let cost = StepCost {
+                    fixed_seconds: fixed_nanos as f64 * 1e-9,
+                    row_seconds: row_nanos as f64 * 1e-9,
+                };
+                draft_cost::choose(|r| cost.seconds(r), rows, tokens, &candidates, room)
+            }
+        };
         if counts.iter().all(|&c| c == 0) {
             self.draftless_steps += 1;
-            if config.cost != DraftCost::Measured
-                || self.draftless_steps < draft_cost::EXPLORE_EVERY_STEPS
-            {
+            let explore = config.cost == DraftCost::Measured
+                && (self.draftless_steps >= draft_cost::EXPLORE_EVERY_STEPS
+                    || !self.step_times.knows(rows + 1));
+            if !explore {
                 return;
             }
-            // Keep measuring what a row costs: the likeliest sequence drafts one token.
+            // Measure what a row more costs: the likeliest sequence drafts one token.
             let best = (0..candidates.len())
-                .max_by(|&a, &b| candidates[a].rate.total_cmp(&candidates[b].rate))
+                .max_by(|&a, &b| candidates[a].first.total_cmp(&candidates[b].first))
                 .expect("offers");
             counts[best] = 1;
         }
@@ -1842,19 +1860,24 @@ impl Scheduler {
                 .expect("a speculating sequence");
             spec.rows[1..].to_vec()
         };
-        let (mut kept, mut tried, mut agreed) = (0, 0, 0);
+        let mut kept = 0;
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
-            let seq = self.seq_mut(id);
+            let seq = self.seqs[id.0 as usize].as_mut().expect("live");
             let Seq {
-                generation, tokens, ..
+                generation,
+                tokens,
+                acceptance,
+                ..
             } = seq;
             let draw = generation
                 .as_mut()
                 .expect("a generating sequence")
                 .draw(row, tokens);
             let agrees = drafts.get(i) == Some(&draw.token);
-            tried += usize::from(i < drafts.len());
-            agreed += usize::from(agrees);
+            if i < drafts.len() {
+                acceptance.record(i, agrees);
+                self.acceptance.record_overall(i, agrees);
+            }
             // The choice may end here (its cache settled then, in `finish_choice`); a draft
             // the model ends the reply with is not a token of it.
             kept += usize::from(self.accept_drawn(id, draw) && agrees);
@@ -1863,11 +1886,9 @@ impl Scheduler {
             }
         }
         if let Some(seq) = self.seqs[id.0 as usize].as_mut() {
-            seq.acceptance.record(tried, agreed);
             seq.settle_drafts();
             seq.computed_high = seq.computed_high.max(seq.kv_len());
         }
-        self.acceptance.record_overall(tried, agreed);
         self.stats.drafts_accepted += kept as u64;
         kept
     }
