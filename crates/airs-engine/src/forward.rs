@@ -545,7 +545,10 @@ impl Model {
             let pairs = blocks.len() * cfg.kv_heads;
             let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
             let slices = group.div_ceil(per_slice);
-            pool.for_chunks(pairs * slices, 1, &|range| {
+            // What the job reads: each block's K and V rows (2-byte elements or fewer).
+            let kv_row_bytes = 2 * 2 * cfg.kv_heads * head_dim;
+            let read_bytes = blocks.iter().map(|b| (b.3 + 1) * kv_row_bytes).sum();
+            crate::par::for_chunks_reading(pool, pairs * slices, 1, read_bytes, &|range| {
                 ATTENTION_SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();
                     let AttentionScratch {

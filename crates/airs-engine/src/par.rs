@@ -52,6 +52,32 @@ impl<'a, T> DisjointOut<'a, T> {
 /// Rows of a rows16 group.
 const G: usize = airs_kernels::rows16::GROUP_ROWS;
 
+/// A job that reads fewer bytes than this (weights times input rows, or KV rows) runs on the
+/// calling thread: its few microseconds are less than handing chunks to a worker, which takes
+/// a wake-up when the worker has gone to sleep, and on a virtual machine waking a vCPU can
+/// take hundreds of microseconds (stories260K, whose products read 16-128 KiB of f32 weights,
+/// decoded at 1.3 k tokens/s with 2 threads and 13 k with 1 on such a host: BENCHMARKS.md).
+/// Every matrix of the real models this project serves reads more.
+pub(crate) const INLINE_READ_BYTES: usize = 256 << 10;
+
+/// `f` over `0..items` in chunks of `chunk` on the pool's threads, or all of it at once on
+/// this thread when the job reads fewer than [`INLINE_READ_BYTES`] (`read_bytes`).
+pub(crate) fn for_chunks_reading(
+    pool: &ThreadPool,
+    items: usize,
+    chunk: usize,
+    read_bytes: usize,
+    f: &(dyn Fn(Range<usize>) + Sync),
+) {
+    if read_bytes < INLINE_READ_BYTES {
+        if items > 0 {
+            f(0..items);
+        }
+        return;
+    }
+    pool.for_chunks(items, chunk, f);
+}
+
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Repacked weight rows unpacked for the tiled prefill kernels.
@@ -97,7 +123,8 @@ impl QuantizedActs {
                 buf.resize(*len, 0);
             }
             let writer = DisjointOut::new(&mut buf[..*len]);
-            pool.for_chunks(rows, 4, &|range| {
+            let read_bytes = std::mem::size_of_val(x);
+            for_chunks_reading(pool, rows, 4, read_bytes, &|range| {
                 // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
                 let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
                 for (r, o) in range.zip(out.chunks_exact_mut(row_bytes)) {
@@ -166,7 +193,8 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    pool.for_chunks(w.rows, job.chunk(pool.threads()), &|range| {
+    let chunk = job.chunk(pool.threads());
+    for_chunks_reading(pool, w.rows, chunk, job.weight_bytes(), &|range| {
         job.compute(range)
     });
     None
@@ -204,7 +232,8 @@ pub(crate) fn matmuls(
         first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
     }
     let total = first.last().copied().unwrap_or(0);
-    pool.for_chunks(total, 1, &|range| {
+    let weight_bytes = jobs.iter().map(RowJob::weight_bytes).sum();
+    for_chunks_reading(pool, total, 1, weight_bytes, &|range| {
         for c in range {
             let i = first.partition_point(|&f| f <= c) - 1;
             let (chunk, rows) = (chunks[i], jobs[i].w.rows);
@@ -244,17 +273,24 @@ pub(crate) fn matmul_gated(
     let rows = gate.w.rows;
     let gate = RowJob::new(isa, image, tokens, gate, &[]);
     let up = RowJob::new(isa, image, tokens, up, std::slice::from_ref(&gate));
-    pool.for_chunks(rows, gate.chunk(pool.threads()), &|range| {
-        gate.compute(range.clone());
-        up.compute(range.clone());
-        for t in 0..tokens {
-            let at = t * rows + range.start..t * rows + range.end;
-            // SAFETY: chunks partition the rows, so this chunk alone touches these columns
-            // of every token row of both outputs, and its products above are done.
-            let (g, u) = unsafe { (gate.out.slice(at.clone()), up.out.slice(at)) };
-            act(g, u);
-        }
-    });
+    let weight_bytes = gate.weight_bytes() + up.weight_bytes();
+    for_chunks_reading(
+        pool,
+        rows,
+        gate.chunk(pool.threads()),
+        weight_bytes,
+        &|range| {
+            gate.compute(range.clone());
+            up.compute(range.clone());
+            for t in 0..tokens {
+                let at = t * rows + range.start..t * rows + range.end;
+                // SAFETY: chunks partition the rows, so this chunk alone touches these columns
+                // of every token row of both outputs, and its products above are done.
+                let (g, u) = unsafe { (gate.out.slice(at.clone()), up.out.slice(at)) };
+                act(g, u);
+            }
+        },
+    );
 }
 
 /// Whether a product of `tokens` rows with `w` runs on the row kernels ([`RowJob`]): one
@@ -351,6 +387,11 @@ impl<'a> RowJob<'a> {
     }
 
     /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
+    /// Weight bytes the job reads, once per input row.
+    fn weight_bytes(&self) -> usize {
+        self.w.rows * self.w.row_bytes * self.tokens
+    }
+
     fn chunk(&self, threads: usize) -> usize {
         (self.w.rows / (threads * 8)).next_multiple_of(G).max(G)
     }
@@ -459,7 +500,7 @@ fn prepare_acts(
     let groups = prep.groups();
     let acts = &acts[..acts.len() / tokens.max(1) * tokens];
     let writer = DisjointOut::new(prep.bytes_mut());
-    pool.for_chunks(groups, 4, &|range| {
+    for_chunks_reading(pool, groups, 4, acts.len(), &|range| {
         // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
         let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
         airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
@@ -482,7 +523,8 @@ fn matmul_prepared(
     let rows = w.rows;
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
-    pool.for_chunks(rows, chunk, &|range| {
+    let read_bytes = rows * w.row_bytes * tokens;
+    for_chunks_reading(pool, rows, chunk, read_bytes, &|range| {
         let width = range.len();
         TILE.with(|tile| {
             let mut tile = tile.borrow_mut();
@@ -526,4 +568,34 @@ fn layout_runs(w: &TensorRef, range: Range<usize>) -> impl Iterator<Item = (Rang
         r0 = r1;
         Some((run, packed))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// (thread, range) of every call `for_chunks_reading` makes.
+    fn calls(pool: &ThreadPool, items: usize, read_bytes: usize) -> Vec<(String, Range<usize>)> {
+        let seen = Mutex::new(Vec::new());
+        for_chunks_reading(pool, items, 1, read_bytes, &|range| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            seen.lock().unwrap().push((name, range));
+        });
+        seen.into_inner().unwrap()
+    }
+
+    #[test]
+    fn a_small_job_runs_whole_on_the_calling_thread() {
+        let pool = ThreadPool::new(2);
+        let me = std::thread::current().name().unwrap_or("").to_string();
+        assert_eq!(calls(&pool, 64, INLINE_READ_BYTES - 1), [(me, 0..64)]);
+        assert!(calls(&pool, 0, 0).is_empty());
+        // A large one is dealt in chunks (which threads take them is the pool's business).
+        let mut large = calls(&pool, 64, INLINE_READ_BYTES);
+        large.sort_by_key(|(_, r)| r.start);
+        assert_eq!(large.len(), 64);
+        assert!(large.iter().enumerate().all(|(i, (_, r))| *r == (i..i + 1)));
+    }
 }
