@@ -76,9 +76,9 @@ pub struct RunArgs {
 /// Speculative decoding, as `airs run` and `airs serve` take it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DraftArgs {
-    /// Draft tokens a decoding sequence may compute a step, looked up in its own context
+    /// Most draft tokens a decoding sequence computes a step, looked up in its own context
     /// (prompt lookup; the tokens generated are the same, only faster when the reply copies
-    /// its context); 0 turns it off.
+    /// its context), as many as the step times measured so far say pay; 0 turns it off.
     #[arg(long, value_name = "N", default_value_t = airs_runtime::lookup::DEFAULT_DRAFT_TOKENS)]
     pub draft_tokens: usize,
 }

@@ -7,9 +7,11 @@
 //!   by least squares with exponential forgetting ([`StepTimeFit`], half-life
 //!   [`StepTimeFit::HALF_LIFE_STEPS`] steps), over steps of at most [`StepTimeFit::MAX_ROWS`]
 //!   rows (the regime drafts live in; a long prompt's chunk weighs attention differently).
-//!   Where the weights are streamed from DRAM (Qwen2.5-0.5B, 2 threads) the fixed part is
-//!   most of a step and a row costs a few per cent of it; where they fit in cache
-//!   (stories260K) a row is most of a step, and drafts pay only when nearly all are kept;
+//!   Where the weights are streamed from DRAM (Qwen2.5-0.5B alone, 2 threads: about 7 ms +
+//!   1.5 ms a row) a few rows more cost little; where they fit in cache (stories260K: about
+//!   85 µs + 40 µs a row) or the step already has several sequences' rows, a draft pays only
+//!   when it is likely kept. The fit keeps, beside the line, the recent mean of each row count
+//!   it sees often enough, which is what it uses for that count;
 //! - **worth**: a sequence's rates of agreement ([`Acceptance`]): of the first drafts of its
 //!   steps, the fraction the model drew, and the same of the drafts that followed a kept one
 //!   (prompt lookup drafts in runs: a copied span is drafted right to its end). Draft `j` of a

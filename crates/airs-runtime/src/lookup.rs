@@ -21,9 +21,9 @@
 //! step with drafts computes at most [`DraftConfig::step_rows`] rows, and drafts take only free
 //! blocks, never evicting or preempting. Within those limits [`crate::draft_cost`] decides how
 //! many drafts each sequence computes from what a row is measured to cost and how often the
-//! sequence's drafts were kept. Measured with `airs bench draft` (BENCHMARKS.md): Qwen2.5-Coder-0.5B
-//! renaming a function in a module it repeats decodes 2.9-4.5× faster alone, an open question
-//! about 1.1×.
+//! sequence's drafts were kept. Measured with `airs bench draft` (BENCHMARKS.md):
+//! Qwen2.5-Coder-0.5B renaming a function in a module it repeats decodes 2.9-4.5× faster
+//! alone, an open question about 1.1×.
 //!
 //! Cost: a lookup scans the sequence backwards once per n-gram length, O(len × ngram_max)
 //! comparisons a step (a 4,096-token sequence: about 16 k, a few microseconds); no allocation.
