@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use airs_engine::SamplerConfig;
 use airs_memory::PinPolicy;
 use airs_runtime::{
-    Collected, DraftConfig, FinishReason, GenerationParams, LoadedModel, Priority, Prompt, Request,
-    RequestId, Scheduler, SchedulerConfig, SchedulerEvent,
+    Collected, DraftConfig, DraftCost, FinishReason, GenerationParams, LoadedModel, Priority,
+    Prompt, Request, RequestId, Scheduler, SchedulerConfig, SchedulerEvent,
 };
 use proptest::prelude::*;
 
@@ -102,7 +102,7 @@ fn check(
     blocks: usize,
     step_tokens: usize,
     max_running: usize,
-    draft_tokens: usize,
+    draft: DraftConfig,
 ) -> Result<(), TestCaseError> {
     let m = model();
     let tpb = common::TPB as usize;
@@ -110,7 +110,7 @@ fn check(
     config.step_tokens = step_tokens;
     config.max_running = max_running;
     config.starvation_steps = 8;
-    config.draft = DraftConfig::with_tokens(draft_tokens).free();
+    config.draft = draft;
     let bound = config.starvation_steps + max_running as u64;
     let mut s = Scheduler::new(Arc::clone(m), config.clone(), None).unwrap();
     let mut cells: BTreeMap<usize, (RequestId, Arc<std::sync::Mutex<Collected>>)> = BTreeMap::new();
@@ -229,6 +229,23 @@ fn check(
     Ok(())
 }
 
+/// No drafts; every draft the lookup has (3 a sequence); or as many as a step cost drawn here
+/// pays for (`DraftCost::Fixed`: the scheduler's choice without its timing, so a failing
+/// case replays).
+fn draft_config() -> impl Strategy<Value = DraftConfig> {
+    prop_oneof![
+        Just(DraftConfig::OFF),
+        Just(DraftConfig::with_tokens(3).free()),
+        (1u64..20_000_000, 0u64..5_000_000).prop_map(|(fixed_nanos, row_nanos)| DraftConfig {
+            cost: DraftCost::Fixed {
+                fixed_nanos,
+                row_nanos
+            },
+            ..DraftConfig::with_tokens(3)
+        }),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -238,9 +255,9 @@ proptest! {
         blocks in 6usize..48,
         step_tokens in prop_oneof![Just(16usize), Just(40usize), Just(512usize)],
         max_running in 2usize..6,
-        draft_tokens in prop_oneof![Just(0usize), Just(3usize)],
+        draft in draft_config(),
     ) {
-        check(ops, blocks, step_tokens, max_running, draft_tokens)?;
+        check(ops, blocks, step_tokens, max_running, draft)?;
     }
 }
 
@@ -267,7 +284,7 @@ fn a_request_that_fails_at_admission_leaves_none_of_its_choices_planned() {
         fixed_op(5, 2, 29, Priority::System, 2),
         fixed_op(0, 0, 1, Priority::Interactive, 1),
     ];
-    check(ops, 6, 16, 2, 0).unwrap();
+    check(ops, 6, 16, 2, DraftConfig::OFF).unwrap();
 }
 
 /// Found by the property test: a request that ends removes its choices' sequences, and a choice
@@ -282,5 +299,5 @@ fn a_request_ending_never_removes_a_sequence_that_reused_its_slot() {
         fixed_op(9, 0, 12, Priority::Interactive, 1),
         fixed_op(19, 0, 3, Priority::Background, 2),
     ];
-    check(ops, 10, 40, 3, 0).unwrap();
+    check(ops, 10, 40, 3, DraftConfig::OFF).unwrap();
 }
