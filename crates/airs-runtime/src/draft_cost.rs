@@ -5,8 +5,9 @@
 //! on average. Both sides are measured while serving:
 //! - **cost**: the scheduler times its steps and fits `step seconds = fixed + per_row × rows`
 //!   by least squares with exponential forgetting ([`StepTimeFit`], half-life
-//!   [`StepTimeFit::HALF_LIFE_STEPS`] steps), over steps of at most [`StepTimeFit::MAX_ROWS`]
-//!   rows (the regime drafts live in; a long prompt's chunk weighs attention differently).
+//!   [`StepTimeFit::HALF_LIFE_STEPS`] steps), over steps of decode rows and drafts only (a
+//!   prompt's rows take other kernels and attend over fewer positions) of at most
+//!   [`StepTimeFit::MAX_ROWS`] rows.
 //!   Where the weights are streamed from DRAM (Qwen2.5-0.5B alone, 2 threads: about 7 ms +
 //!   1.5 ms a row) a few rows more cost little; where they fit in cache (stories260K: about
 //!   85 µs + 40 µs a row) or the step already has several sequences' rows, a draft pays only
