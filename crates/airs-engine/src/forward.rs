@@ -545,10 +545,17 @@ impl Model {
             let pairs = blocks.len() * cfg.kv_heads;
             let per_slice = group.div_ceil(pool.threads().div_ceil(pairs).clamp(1, group));
             let slices = group.div_ceil(per_slice);
-            // What the job reads: each block's K and V rows (2-byte elements or fewer).
+            // What the job does: each block reads its K and V rows (2-byte elements or fewer)
+            // once, and each of its rows' query heads dots and adds them.
             let kv_row_bytes = 2 * 2 * cfg.kv_heads * head_dim;
-            let read_bytes = blocks.iter().map(|b| (b.3 + 1) * kv_row_bytes).sum();
-            crate::par::for_chunks_reading(pool, pairs * slices, 1, read_bytes, &|range| {
+            let work = blocks
+                .iter()
+                .map(|&(_, _, rows, last)| crate::par::Work {
+                    bytes: (last + 1) * kv_row_bytes,
+                    macs: rows * (last + 1) * cfg.heads * head_dim * 2,
+                })
+                .fold(crate::par::Work::default(), |a, b| a + b);
+            crate::par::for_chunks_of(pool, pairs * slices, 1, work, &|range| {
                 ATTENTION_SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();
                     let AttentionScratch {

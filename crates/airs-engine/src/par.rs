@@ -52,24 +52,65 @@ impl<'a, T> DisjointOut<'a, T> {
 /// Rows of a rows16 group.
 const G: usize = airs_kernels::rows16::GROUP_ROWS;
 
-/// A job that reads fewer bytes than this (weights times input rows, or KV rows) runs on the
-/// calling thread: its few microseconds are less than handing chunks to a worker, which takes
-/// a wake-up when the worker has gone to sleep, and on a virtual machine waking a vCPU can
-/// take hundreds of microseconds (stories260K, whose products read 16-128 KiB of f32 weights,
-/// decoded at 1.3 k tokens/s with 2 threads and 13 k with 1 on such a host: BENCHMARKS.md).
-/// Every matrix of the real models this project serves reads more.
-pub(crate) const INLINE_READ_BYTES: usize = 256 << 10;
+/// What a pool job does: bytes it reads (weights, activations, KV rows) and multiply-adds.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Work {
+    pub(crate) bytes: usize,
+    pub(crate) macs: usize,
+}
+
+impl std::ops::Add for Work {
+    type Output = Work;
+
+    fn add(self, other: Work) -> Work {
+        Work {
+            bytes: self.bytes + other.bytes,
+            macs: self.macs + other.macs,
+        }
+    }
+}
+
+impl Work {
+    /// A job that reads fewer bytes than this and does fewer multiply-adds than
+    /// [`Self::INLINE_MACS`] runs on the calling thread: its microseconds are less than handing
+    /// chunks to a worker, which takes a wake-up when the worker has gone to sleep, and on a
+    /// virtual machine waking a vCPU can take hundreds of microseconds (stories260K, whose
+    /// products read 16-128 KiB of f32 weights, decoded at 1.3 k tokens/s with 2 threads and
+    /// 13 k with 1 on such a host: BENCHMARKS.md). Every matrix of the real models this project
+    /// serves reads more.
+    pub(crate) const INLINE_BYTES: usize = 256 << 10;
+    /// About 10-60 µs on one core: a few rows of a small matrix (stories260K's drafts and
+    /// prompts) stay on it, where the worker would have to be woken for them alone.
+    pub(crate) const INLINE_MACS: usize = 2 << 20;
+
+    pub(crate) fn bytes(bytes: usize) -> Work {
+        Work { bytes, macs: 0 }
+    }
+
+    /// The product of `tokens` input rows with `w`: its weights read once, a multiply-add per
+    /// weight and input row.
+    pub(crate) fn product(w: &TensorRef, tokens: usize) -> Work {
+        Work {
+            bytes: w.rows * w.row_bytes,
+            macs: w.rows * w.cols * tokens,
+        }
+    }
+
+    fn inline(&self) -> bool {
+        self.bytes < Self::INLINE_BYTES && self.macs < Self::INLINE_MACS
+    }
+}
 
 /// `f` over `0..items` in chunks of `chunk` on the pool's threads, or all of it at once on
-/// this thread when the job reads fewer than [`INLINE_READ_BYTES`] (`read_bytes`).
-pub(crate) fn for_chunks_reading(
+/// this thread when `work` is small ([`Work::INLINE_BYTES`]).
+pub(crate) fn for_chunks_of(
     pool: &ThreadPool,
     items: usize,
     chunk: usize,
-    read_bytes: usize,
+    work: Work,
     f: &(dyn Fn(Range<usize>) + Sync),
 ) {
-    if read_bytes < INLINE_READ_BYTES {
+    if work.inline() {
         if items > 0 {
             f(0..items);
         }
@@ -123,8 +164,8 @@ impl QuantizedActs {
                 buf.resize(*len, 0);
             }
             let writer = DisjointOut::new(&mut buf[..*len]);
-            let read_bytes = std::mem::size_of_val(x);
-            for_chunks_reading(pool, rows, 4, read_bytes, &|range| {
+            let work = Work::bytes(std::mem::size_of_val(x));
+            for_chunks_of(pool, rows, 4, work, &|range| {
                 // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
                 let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
                 for (r, o) in range.zip(out.chunks_exact_mut(row_bytes)) {
@@ -194,9 +235,7 @@ fn matmul_after<'a>(
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
     let chunk = job.chunk(pool.threads());
-    for_chunks_reading(pool, w.rows, chunk, job.weight_bytes(), &|range| {
-        job.compute(range)
-    });
+    for_chunks_of(pool, w.rows, chunk, job.work(), &|range| job.compute(range));
     None
 }
 
@@ -232,8 +271,11 @@ pub(crate) fn matmuls(
         first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
     }
     let total = first.last().copied().unwrap_or(0);
-    let weight_bytes = jobs.iter().map(RowJob::weight_bytes).sum();
-    for_chunks_reading(pool, total, 1, weight_bytes, &|range| {
+    let work = jobs
+        .iter()
+        .map(RowJob::work)
+        .fold(Work::default(), |a, b| a + b);
+    for_chunks_of(pool, total, 1, work, &|range| {
         for c in range {
             let i = first.partition_point(|&f| f <= c) - 1;
             let (chunk, rows) = (chunks[i], jobs[i].w.rows);
@@ -273,24 +315,18 @@ pub(crate) fn matmul_gated(
     let rows = gate.w.rows;
     let gate = RowJob::new(isa, image, tokens, gate, &[]);
     let up = RowJob::new(isa, image, tokens, up, std::slice::from_ref(&gate));
-    let weight_bytes = gate.weight_bytes() + up.weight_bytes();
-    for_chunks_reading(
-        pool,
-        rows,
-        gate.chunk(pool.threads()),
-        weight_bytes,
-        &|range| {
-            gate.compute(range.clone());
-            up.compute(range.clone());
-            for t in 0..tokens {
-                let at = t * rows + range.start..t * rows + range.end;
-                // SAFETY: chunks partition the rows, so this chunk alone touches these columns
-                // of every token row of both outputs, and its products above are done.
-                let (g, u) = unsafe { (gate.out.slice(at.clone()), up.out.slice(at)) };
-                act(g, u);
-            }
-        },
-    );
+    let work = gate.work() + up.work();
+    for_chunks_of(pool, rows, gate.chunk(pool.threads()), work, &|range| {
+        gate.compute(range.clone());
+        up.compute(range.clone());
+        for t in 0..tokens {
+            let at = t * rows + range.start..t * rows + range.end;
+            // SAFETY: chunks partition the rows, so this chunk alone touches these columns
+            // of every token row of both outputs, and its products above are done.
+            let (g, u) = unsafe { (gate.out.slice(at.clone()), up.out.slice(at)) };
+            act(g, u);
+        }
+    });
 }
 
 /// Whether a product of `tokens` rows with `w` runs on the row kernels ([`RowJob`]): one
@@ -387,9 +423,8 @@ impl<'a> RowJob<'a> {
     }
 
     /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
-    /// Weight bytes the job reads, once per input row.
-    fn weight_bytes(&self) -> usize {
-        self.w.rows * self.w.row_bytes * self.tokens
+    fn work(&self) -> Work {
+        Work::product(self.w, self.tokens)
     }
 
     fn chunk(&self, threads: usize) -> usize {
@@ -500,7 +535,7 @@ fn prepare_acts(
     let groups = prep.groups();
     let acts = &acts[..acts.len() / tokens.max(1) * tokens];
     let writer = DisjointOut::new(prep.bytes_mut());
-    for_chunks_reading(pool, groups, 4, acts.len(), &|range| {
+    for_chunks_of(pool, groups, 4, Work::bytes(acts.len()), &|range| {
         // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
         let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
         airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
@@ -523,8 +558,7 @@ fn matmul_prepared(
     let rows = w.rows;
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
-    let read_bytes = rows * w.row_bytes * tokens;
-    for_chunks_reading(pool, rows, chunk, read_bytes, &|range| {
+    for_chunks_of(pool, rows, chunk, Work::product(w, tokens), &|range| {
         let width = range.len();
         TILE.with(|tile| {
             let mut tile = tile.borrow_mut();
@@ -576,10 +610,10 @@ mod tests {
 
     use super::*;
 
-    /// (thread, range) of every call `for_chunks_reading` makes.
-    fn calls(pool: &ThreadPool, items: usize, read_bytes: usize) -> Vec<(String, Range<usize>)> {
+    /// (thread, range) of every call `for_chunks_of` makes.
+    fn calls(pool: &ThreadPool, items: usize, work: Work) -> Vec<(String, Range<usize>)> {
         let seen = Mutex::new(Vec::new());
-        for_chunks_reading(pool, items, 1, read_bytes, &|range| {
+        for_chunks_of(pool, items, 1, work, &|range| {
             let name = std::thread::current().name().unwrap_or("").to_string();
             seen.lock().unwrap().push((name, range));
         });
@@ -590,12 +624,30 @@ mod tests {
     fn a_small_job_runs_whole_on_the_calling_thread() {
         let pool = ThreadPool::new(2);
         let me = std::thread::current().name().unwrap_or("").to_string();
-        assert_eq!(calls(&pool, 64, INLINE_READ_BYTES - 1), [(me, 0..64)]);
-        assert!(calls(&pool, 0, 0).is_empty());
-        // A large one is dealt in chunks (which threads take them is the pool's business).
-        let mut large = calls(&pool, 64, INLINE_READ_BYTES);
-        large.sort_by_key(|(_, r)| r.start);
-        assert_eq!(large.len(), 64);
-        assert!(large.iter().enumerate().all(|(i, (_, r))| *r == (i..i + 1)));
+        let small = Work {
+            bytes: Work::INLINE_BYTES - 1,
+            macs: Work::INLINE_MACS - 1,
+        };
+        assert_eq!(calls(&pool, 64, small), [(me, 0..64)]);
+        assert!(calls(&pool, 0, Work::default()).is_empty());
+        // Many bytes or many multiply-adds: dealt in chunks (which threads take them is the
+        // pool's business).
+        for large in [
+            Work::bytes(Work::INLINE_BYTES),
+            Work {
+                macs: Work::INLINE_MACS,
+                ..small
+            },
+        ] {
+            let mut chunks = calls(&pool, 64, large);
+            chunks.sort_by_key(|(_, r)| r.start);
+            assert_eq!(chunks.len(), 64);
+            assert!(
+                chunks
+                    .iter()
+                    .enumerate()
+                    .all(|(i, (_, r))| *r == (i..i + 1))
+            );
+        }
     }
 }
