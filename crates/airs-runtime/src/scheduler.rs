@@ -1010,7 +1010,12 @@ impl Scheduler {
         };
         if counts.iter().all(|&c| c == 0) {
             self.draftless_steps += 1;
+            // Only a step the fit observes (decode rows alone) measures anything.
+            let observed = plan
+                .iter()
+                .all(|p| p.rows == 1 && p.output == Output::LastLogits);
             let explore = config.cost == DraftCost::Measured
+                && observed
                 && (self.draftless_steps >= draft_cost::EXPLORE_EVERY_STEPS
                     || !self.step_times.knows(rows + 1));
             if !explore {
