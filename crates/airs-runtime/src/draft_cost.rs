@@ -9,9 +9,9 @@
 //!   prompt's rows take other kernels and attend over fewer positions) of at most
 //!   [`StepTimeFit::MAX_ROWS`] rows.
 //!   Where the weights are streamed from DRAM (Qwen2.5-0.5B alone, 2 threads: about 7 ms +
-//!   1.5 ms a row) a few rows more cost little; where they fit in cache (stories260K: about
-//!   85 µs + 40 µs a row) or the step already has several sequences' rows, a draft pays only
-//!   when it is likely kept. The fit keeps, beside the line, the recent mean of each row count
+//!   1.5 ms a row) a few rows more cost little; where they fit in cache (stories260K near the
+//!   end of its 512-position context: about 60 µs + 60 µs a row, attention most of it) or the
+//!   step already has several sequences' rows, a draft pays only when it is likely kept. The fit keeps, beside the line, the recent mean of each row count
 //!   it sees often enough, which is what it uses for that count;
 //! - **worth**: a sequence's rates of agreement ([`Acceptance`]): of the first drafts of its
 //!   steps, the fraction the model drew, and the same of the drafts that followed a kept one
@@ -19,11 +19,14 @@
 //!   step is kept with probability `first × later^(j-1)`. A sequence starts from the
 //!   scheduler's overall rates, weighted as [`Acceptance::PRIOR_DRAFTS`] drafts.
 //!
-//! The choice ([`choose`]) is greedy: the draft with the most expected tokens next (`g`, the
-//! sequences' next probability above) joins the step while it raises the step's expected
-//! tokens per second — `g / per_row > tokens / seconds` — and the limits allow. No draft more
-//! or fewer then does better (tested): each sequence's gains fall, so drafts join in falling
-//! order of gain, and each that joins raises the bar the next must clear.
+//! The choice ([`choose`]): the drafts are ranked by expected tokens (each sequence's next
+//! probability above; they fall along a sequence, so the `K` best are every sequence's first
+//! ones), and the step takes the `K` best for the `K` — within the limits — that gives the most
+//! expected tokens per second, `(tokens + their gains) / seconds(rows + K)`, where `seconds`
+//! is the fit (the line or a row count's mean). With a line, that is the greedy rule "a draft
+//! joins while `gain / per_row > tokens / seconds`", and no draft more or fewer does better
+//! (tested); with a row count's mean it also finds a step of a few rows more that costs little
+//! while the weights stream.
 //!
 //! Until the fit has seen about [`StepTimeFit::MIN_STEPS`] steps of different sizes (a fresh
 //! scheduler), rows count as free and every draft the limits allow is computed, which is also
