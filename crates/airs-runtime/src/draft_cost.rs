@@ -8,10 +8,11 @@
 //!   [`StepTimeFit::HALF_LIFE_STEPS`] steps), over steps of decode rows and drafts only (a
 //!   prompt's rows take other kernels and attend over fewer positions) of at most
 //!   [`StepTimeFit::MAX_ROWS`] rows.
-//!   Where the weights are streamed from DRAM (Qwen2.5-0.5B alone, 2 threads: about 7 ms +
-//!   1.5 ms a row) a few rows more cost little; where they fit in cache (stories260K near the
-//!   end of its 512-position context: about 60 µs + 60 µs a row, attention most of it) or the
-//!   step already has several sequences' rows, a draft pays only when it is likely kept. The fit keeps, beside the line, the recent mean of each row count
+//!   Where the weights are streamed from DRAM (Qwen2.5-0.5B alone, 2 threads: fitted
+//!   7-11 ms and 1.0-1.7 ms a row) a few rows more cost little; where they fit in cache
+//!   (stories260K near the end of its 512-position context: 60-80 µs and 50-135 µs a row,
+//!   attention most of it) or the step already has several sequences' rows, a draft pays only
+//!   when it is likely kept. The fit keeps, beside the line, the recent mean of each row count
 //!   it sees often enough, which is what it uses for that count;
 //! - **worth**: a sequence's rates of agreement ([`Acceptance`]): of the first drafts of its
 //!   steps, the fraction the model drew, and the same of the drafts that followed a kept one
@@ -113,14 +114,16 @@ impl StepTimeFit {
             .is_some_and(|&(weight, _)| weight >= Self::BIN_MIN_WEIGHT)
     }
 
-    /// What a step of `rows` rows costs: the recent mean of such steps if there were enough,
-    /// else the line ([`Self::estimate`]); `None` while there is no line.
-    pub fn seconds(&self, rows: usize) -> Option<f64> {
+    /// What a step costs against its rows: for a row count seen often enough, the recent mean
+    /// of such steps, else the line ([`Self::estimate`]); `None` while there is no line.
+    pub fn curve(&self) -> Option<impl Fn(usize) -> f64 + '_> {
         let line = self.estimate()?;
-        Some(if self.knows(rows) {
-            self.bins[rows].1
-        } else {
-            line.seconds(rows)
+        Some(move |rows: usize| {
+            if self.knows(rows) {
+                self.bins[rows].1
+            } else {
+                line.seconds(rows)
+            }
         })
     }
 
@@ -367,7 +370,8 @@ mod tests {
                 fit.observe(rows, ms / 1e3);
             }
         }
-        let ms = |rows| fit.seconds(rows).unwrap() * 1e3;
+        let seconds = fit.curve().unwrap();
+        let ms = |rows| seconds(rows) * 1e3;
         assert!((ms(1) - 8.0).abs() < 1e-9 && (ms(2) - 8.2).abs() < 1e-9);
         assert!((ms(9) - 16.0).abs() < 1e-9);
         // Unseen counts: the line through them all.

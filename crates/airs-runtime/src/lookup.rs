@@ -28,6 +28,8 @@
 //! Cost: a lookup scans the sequence backwards once per n-gram length, O(len × ngram_max)
 //! comparisons a step (a 4,096-token sequence: about 16 k, a few microseconds); no allocation.
 
+use std::ops::Range;
+
 /// The draft tokens `airs run` and `airs serve` compute a step unless told otherwise.
 pub const DEFAULT_DRAFT_TOKENS: usize = 8;
 
@@ -111,9 +113,15 @@ impl Default for DraftConfig {
 /// occurrence of its longest final n-gram (`ngram_max` down to `ngram_min` tokens); empty when
 /// none occurs.
 pub fn propose<'t>(tokens: &'t [u32], config: &DraftConfig, max: usize) -> &'t [u32] {
+    &tokens[proposal(tokens, config, max)]
+}
+
+/// Where in `tokens` the drafts [`propose`] returns are: positions `from..from + count`, so
+/// that a caller can take fewer of them later without looking them up again.
+pub fn proposal(tokens: &[u32], config: &DraftConfig, max: usize) -> Range<usize> {
     let len = tokens.len();
     if max == 0 {
-        return &[];
+        return 0..0;
     }
     for n in (config.ngram_min.max(1)..=config.ngram_max).rev() {
         if len <= n {
@@ -126,10 +134,10 @@ pub fn propose<'t>(tokens: &'t [u32], config: &DraftConfig, max: usize) -> &'t [
             .find(|&start| tokens[start..start + n] == *suffix);
         if let Some(start) = found {
             let from = start + n;
-            return &tokens[from..(from + max).min(len)];
+            return from..(from + max).min(len);
         }
     }
-    &[]
+    0..0
 }
 
 #[cfg(test)]

@@ -910,7 +910,11 @@ impl Scheduler {
             }
         }
         self.admit(&mut plan, &mut budget, &mut report);
-        self.plan_drafts(&mut plan, &mut budget);
+        // A step of decode rows alone (before drafts): what the step-time fit observes.
+        let decode_only = plan
+            .iter()
+            .all(|p| p.rows == 1 && p.output == Output::LastLogits);
+        self.plan_drafts(&mut plan, &mut budget, decode_only);
         if plan.is_empty() {
             self.break_deadlock(&report);
             self.drop_gone();
@@ -920,9 +924,9 @@ impl Scheduler {
         // What the step's rows cost, planning, pass, draws and verification together: steps
         // of decode rows and drafts only, the rows drafts are weighed against (a prompt's rows
         // take the prefill kernels and attend over fewer positions: stories260K prefilled 54
-        // rows at 32 µs a row and drafted at 60). Steps that wait for the weights to load are
+        // rows at 25-35 µs a row and drafted at about 60). Steps that wait for the weights to load are
         // not typical either.
-        if !loading && report.prefill_rows == 0 {
+        if !loading && decode_only {
             self.step_times
                 .observe(report.rows(), started.elapsed().as_secs_f64());
         }
@@ -934,7 +938,7 @@ impl Scheduler {
     /// cost pays for ([`crate::draft_cost`]), most likely kept first, within the step's rows
     /// ([`DraftConfig::step_rows`]), its token budget and each sequence's own limits. Drafts
     /// only take free (or reclaimable cached) blocks: they never evict or preempt anything.
-    fn plan_drafts(&mut self, plan: &mut [Planned], budget: &mut usize) {
+    fn plan_drafts(&mut self, plan: &mut [Planned], budget: &mut usize, decode_only: bool) {
         let config = self.config.draft;
         if !config.enabled() {
             return;
@@ -945,8 +949,8 @@ impl Scheduler {
             return;
         }
         let context_len = self.model.context_len();
-        // (plan index, proposal length) of each decode row with a proposal.
-        let mut offers: Vec<(usize, usize)> = Vec::new();
+        // (plan index, where its drafts are in its tokens) of each decode row with a proposal.
+        let mut offers: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
         let mut candidates: Vec<Candidate> = Vec::new();
         for (i, p) in plan.iter().enumerate() {
             let s = self.seq(p.seq);
@@ -962,15 +966,15 @@ impl Scheduler {
                 .max_tokens
                 .min(generation.remaining_tokens().saturating_sub(1))
                 .min(context_len.saturating_sub(s.kv_len() + 1));
-            let proposed = lookup::propose(&s.tokens, &config, max).len();
-            if proposed > 0 {
+            let proposal = lookup::proposal(&s.tokens, &config, max);
+            if !proposal.is_empty() {
                 let (first, later) = s.acceptance.rates_with_prior(&self.acceptance);
-                offers.push((i, proposed));
                 candidates.push(Candidate {
                     first,
                     later,
-                    max_drafts: proposed,
+                    max_drafts: proposal.len(),
                 });
+                offers.push((i, proposal));
             }
         }
         if offers.is_empty() {
@@ -984,19 +988,10 @@ impl Scheduler {
             .count() as f64;
         let mut counts = match config.cost {
             DraftCost::Free => draft_cost::fill(&candidates, room),
-            DraftCost::Measured => {
-                let fit = &self.step_times;
-                match fit.seconds(rows) {
-                    Some(_) => draft_cost::choose(
-                        |r| fit.seconds(r).unwrap_or(f64::INFINITY),
-                        rows,
-                        tokens,
-                        &candidates,
-                        room,
-                    ),
-                    None => draft_cost::fill(&candidates, room),
-                }
-            }
+            DraftCost::Measured => match self.step_times.curve() {
+                Some(seconds) => draft_cost::choose(seconds, rows, tokens, &candidates, room),
+                None => draft_cost::fill(&candidates, room),
+            },
             DraftCost::Fixed {
                 fixed_nanos,
                 row_nanos,
@@ -1010,12 +1005,9 @@ impl Scheduler {
         };
         if counts.iter().all(|&c| c == 0) {
             self.draftless_steps += 1;
-            // Only a step the fit observes (decode rows alone) measures anything.
-            let observed = plan
-                .iter()
-                .all(|p| p.rows == 1 && p.output == Output::LastLogits);
+            // Only a step the fit observes measures anything.
             let explore = config.cost == DraftCost::Measured
-                && observed
+                && decode_only
                 && (self.draftless_steps >= draft_cost::EXPLORE_EVERY_STEPS
                     || !self.step_times.knows(rows + 1));
             if !explore {
@@ -1028,17 +1020,16 @@ impl Scheduler {
             counts[best] = 1;
         }
         self.draftless_steps = 0;
-        for ((i, _), count) in offers.into_iter().zip(counts) {
+        for ((i, proposal), count) in offers.into_iter().zip(counts) {
             if count == 0 {
                 continue;
             }
             let p = &mut plan[i];
             let seq = self.seqs[p.seq.0 as usize].as_mut().expect("planned");
             let base = seq.kv_len();
-            let drafts = lookup::propose(&seq.tokens, &config, count);
-            let mut rows = Vec::with_capacity(1 + drafts.len());
+            let mut rows = Vec::with_capacity(1 + count);
             rows.push(seq.tokens[base]);
-            rows.extend_from_slice(drafts);
+            rows.extend_from_slice(&seq.tokens[proposal.start..proposal.start + count]);
             let kv = seq.kv.as_mut().expect("a running sequence has a cache");
             if kv.try_reserve(base + rows.len()).is_err() {
                 continue;

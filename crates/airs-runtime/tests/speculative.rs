@@ -32,6 +32,22 @@ fn reply(c: &Collected) -> Vec<(Vec<String>, String)> {
         .collect()
 }
 
+/// Submit `requests` at once and run them to completion: what each collected.
+fn serve_together(s: &mut Scheduler, requests: impl Iterator<Item = Request>) -> Vec<Collected> {
+    let cells: Vec<_> = requests
+        .map(|request| {
+            let (sink, cell) = Collected::sink();
+            s.submit(request, sink).unwrap();
+            cell
+        })
+        .collect();
+    s.run_to_completion();
+    cells
+        .iter()
+        .map(|c| std::mem::take(&mut *c.lock().unwrap()))
+        .collect()
+}
+
 fn chat(text: &str) -> Prompt {
     Prompt::Chat(vec![ChatMessage::user(text)])
 }
@@ -208,22 +224,14 @@ fn drafts_change_nothing_beside_other_requests_under_a_constraint_or_in_a_small_
             None,
         )
         .unwrap();
-        let cells: Vec<_> = (0..texts.len())
-            .map(|i| {
-                let (sink, cell) = Collected::sink();
-                s.submit(request(i), sink).unwrap();
-                cell
-            })
-            .collect();
-        s.run_to_completion();
-        for (i, cell) in cells.iter().enumerate() {
-            let got = std::mem::take(&mut *cell.lock().unwrap());
+        let all = serve_together(&mut s, (0..texts.len()).map(request));
+        for (i, got) in all.iter().enumerate() {
             assert!(
                 got.error.is_none(),
                 "{blocks} blocks, request {i}: {:?}",
                 got.error
             );
-            assert_eq!(reply(&got), reply(&want[i]), "{blocks} blocks, request {i}");
+            assert_eq!(reply(got), reply(&want[i]), "{blocks} blocks, request {i}");
         }
         assert!(s.stats().drafts_accepted > 0, "{:?}", s.stats());
         if blocks == 12 {
@@ -260,20 +268,10 @@ fn drafts_are_computed_as_far_as_their_cost_pays() {
             None,
         )
         .unwrap();
-        let cells: Vec<_> = texts
+        let requests = texts
             .iter()
-            .map(|t| {
-                let (sink, cell) = Collected::sink();
-                let request = Request::generate(Prompt::Text((*t).into()), common::greedy(48));
-                s.submit(request, sink).unwrap();
-                cell
-            })
-            .collect();
-        s.run_to_completion();
-        let replies: Vec<_> = cells
-            .iter()
-            .map(|c| reply(&std::mem::take(&mut *c.lock().unwrap())))
-            .collect();
+            .map(|t| Request::generate(Prompt::Text((*t).into()), common::greedy(48)));
+        let replies: Vec<_> = serve_together(&mut s, requests).iter().map(reply).collect();
         (s.stats().clone(), replies)
     };
     let (free, want) = run(DraftCost::Free);
