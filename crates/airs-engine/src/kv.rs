@@ -708,29 +708,42 @@ fn decode_columns<const X86_SIMD: bool>(
 }
 
 /// `out += Σ_i w[i] · row i` over the rows of `rows` (each `out.len()` values), every element
-/// summed in row order by fused multiply-adds; columns go 32 at a time through registers when
-/// the width allows.
+/// summed in row order by fused multiply-adds; columns go 32, 16 or 8 at a time through
+/// registers when the width allows (a sum kept in memory instead waits on its own store at
+/// every row: stories260K's 8-value heads spent 40 % of their attention there).
 #[inline(always)]
 fn accumulate_rows(out: &mut [f32], w: &[f32], rows: &[f32]) {
     let n = out.len();
     if n.is_multiple_of(32) {
-        for c in (0..n).step_by(32) {
-            let o: &mut [f32; 32] = (&mut out[c..c + 32]).try_into().expect("32 columns");
-            let mut acc = *o;
-            for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
-                let r: &[f32; 32] = row[c..c + 32].try_into().expect("32 columns");
-                for k in 0..32 {
-                    acc[k] = wi.mul_add(r[k], acc[k]);
-                }
-            }
-            *o = acc;
-        }
+        accumulate_columns::<32>(out, w, rows);
+    } else if n.is_multiple_of(16) {
+        accumulate_columns::<16>(out, w, rows);
+    } else if n.is_multiple_of(8) {
+        accumulate_columns::<8>(out, w, rows);
     } else {
         for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
             for (o, &x) in out.iter_mut().zip(row) {
                 *o = wi.mul_add(x, *o);
             }
         }
+    }
+}
+
+/// [`accumulate_rows`] for a width that is a multiple of `C`: `C` columns at a time, their sums
+/// in registers across the rows.
+#[inline(always)]
+fn accumulate_columns<const C: usize>(out: &mut [f32], w: &[f32], rows: &[f32]) {
+    let n = out.len();
+    for c in (0..n).step_by(C) {
+        let o: &mut [f32; C] = (&mut out[c..c + C]).try_into().expect("C columns");
+        let mut acc = *o;
+        for (&wi, row) in w.iter().zip(rows.chunks_exact(n)) {
+            let r: &[f32; C] = row[c..c + C].try_into().expect("C columns");
+            for k in 0..C {
+                acc[k] = wi.mul_add(r[k], acc[k]);
+            }
+        }
+        *o = acc;
     }
 }
 
@@ -1718,6 +1731,33 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn weighted_rows_sum_in_row_order_at_every_width() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for width in [1, 5, 8, 16, 24, 32, 40, 64, 72, 256] {
+            let rows = 37;
+            let w: Vec<f32> = (0..rows).map(|_| next()).collect();
+            let values: Vec<f32> = (0..rows * width).map(|_| next() * 8.0).collect();
+            let start: Vec<f32> = (0..width).map(|_| next()).collect();
+            let mut want = start.clone();
+            for (&wi, row) in w.iter().zip(values.chunks_exact(width)) {
+                for (o, &x) in want.iter_mut().zip(row) {
+                    *o = wi.mul_add(x, *o);
+                }
+            }
+            let mut got = start;
+            accumulate_rows(&mut got, &w, &values);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "width {width}");
         }
     }
 
