@@ -431,6 +431,9 @@ pub struct Scheduler {
     acceptance: Acceptance,
     /// Steps in a row that had draft proposals and computed none.
     draftless_steps: u32,
+    /// Time this step spent committing session turns, which the step-time fit leaves out (a
+    /// slow disk is not what a row costs).
+    commit_time: Duration,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -520,6 +523,7 @@ impl Scheduler {
             step_times: StepTimeFit::default(),
             acceptance: Acceptance::INITIAL,
             draftless_steps: 0,
+            commit_time: Duration::ZERO,
         })
     }
 
@@ -884,6 +888,7 @@ impl Scheduler {
         // While the weights load, a prompt may take several passes in one step: they run
         // layer-major, so all of them overlap the load.
         let started = Instant::now();
+        self.commit_time = Duration::ZERO;
         let loading = self.model.is_loading();
         let mut budget = self.config.step_tokens * if loading { LAYER_MAJOR_PASSES } else { 1 };
         let mut plan: Vec<Planned> = Vec::new();
@@ -921,14 +926,15 @@ impl Scheduler {
             return report;
         }
         self.run(&plan, &mut report);
-        // What the step's rows cost, planning, pass, draws and verification together: steps
-        // of decode rows and drafts only, the rows drafts are weighed against (a prompt's rows
-        // take the prefill kernels and attend over fewer positions: stories260K prefilled 54
-        // rows at 25-35 µs a row and drafted at about 60). Steps that wait for the weights to load are
-        // not typical either.
+        // What the step's rows cost, planning, pass, draws and verification together (session
+        // commits left out): steps of decode rows and drafts only, the rows drafts are weighed
+        // against (a prompt's rows take the prefill kernels and attend over fewer positions:
+        // stories260K prefilled 54 rows at 25-35 µs a row and drafted at about 60). Steps that
+        // wait for the weights to load are not typical either.
         if !loading && decode_only {
+            let seconds = started.elapsed().saturating_sub(self.commit_time);
             self.step_times
-                .observe(report.rows(), started.elapsed().as_secs_f64());
+                .observe(report.rows(), seconds.as_secs_f64());
         }
         self.drop_gone();
         report
@@ -2145,7 +2151,8 @@ impl Scheduler {
             let generation = seq.generation.as_ref().expect("a generating sequence");
             let computed = seq.kv_len();
             let sessions = self.sessions.as_mut().expect("a session turn");
-            match sessions.commit_turn(
+            let committing = Instant::now();
+            let committed = sessions.commit_turn(
                 sid,
                 &turn.user,
                 &delta,
@@ -2154,7 +2161,9 @@ impl Scheduler {
                 computed,
                 seq.kv,
                 now,
-            ) {
+            );
+            self.commit_time += committing.elapsed();
+            match committed {
                 Ok(t) => turn_no = Some(t),
                 Err(e) => {
                     self.fail(request, e);
