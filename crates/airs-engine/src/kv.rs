@@ -16,26 +16,26 @@
 //! *runs*: one per K tile of the contiguous cache, one per block of the paged cache.
 //!
 //! Layout: V is cached in rows (a position's values together), which the weighted sum reads
-//! whole; f32 and f16 K is cached in columns inside tiles of positions
-//! ([`KvType::k_in_columns`]), so that the scores of 16 positions accumulate in the 16 lanes of
-//! a register straight from the cache, one load per value — in rows, each score is a dot
-//! product whose 16 lanes must be summed across, or the rows transposed first (the previous
-//! kernel gathered them; as a whole it was 2.1-3.0× slower with f16/f32: BENCHMARKS.md). Each
-//! score is two fused multiply-add chains in value order (even and odd values), the same in
-//! every build.
+//! whole; K is cached in columns inside tiles of positions ([`encode_k`]), so that
+//! the scores of 16 positions accumulate in the 16 lanes of a register straight from the cache,
+//! one load per value (f32, f16) or per four values (q8_0: [`crate::kv_q8`]) — in rows, each
+//! score is a dot product whose lanes must be summed across, or the rows transposed first (the
+//! previous kernel gathered them; as a whole it was 2.1-3.0× slower with f16/f32, and q8_0 K
+//! in rows held its calls at about twice f16's: BENCHMARKS.md). Each f16/f32 score is two fused
+//! multiply-add chains in value order (even and odd values), the same in every build.
 //!
 //! Element types, chosen to match llama.cpp's CPU kernels:
 //! - `f32`: everything in f32.
 //! - `f16`: ggml multiplies f16 K and V by converting the f32 operand to f16 (its
 //!   `vec_dot_type`), so the query and the softmax weights are rounded to f16 before their dot
 //!   products; K and V rows convert exactly.
-//! - `q8_0`: ggml `block_q8_0` rows (f16 scale + 32 × i8 per 32 values), K in rows too (a
-//!   scale covers 32 values of one row). llama.cpp needs flash attention for a quantized V
-//!   cache; its CPU kernel quantizes the query to q8_0, takes integer q8_0·q8_0 dot products
-//!   with the K rows (block sums scaled by `d_k·d_q`), and accumulates dequantized f32 V rows
-//!   with f32 weights. We do the same, with the two-pass softmax (f64 sum) of the other types
-//!   instead of its online f32 softmax — a difference of about one ulp in the weights. q8_0
-//!   needs `head_dim` to be a multiple of 32.
+//! - `q8_0`: ggml `block_q8_0` (f16 scale + 32 × i8 per 32 values), V in rows and K's blocks
+//!   in columns ([`crate::kv_q8`]). llama.cpp needs flash attention for a quantized V cache;
+//!   its CPU kernel quantizes the query to q8_0, takes integer q8_0·q8_0 dot products with the
+//!   K rows (block sums scaled by `d_k·d_q`), and accumulates dequantized f32 V rows with f32
+//!   weights. We do the same, with the two-pass softmax (f64 sum) of the other types instead
+//!   of its online f32 softmax — a difference of about one ulp in the weights. q8_0 needs
+//!   `head_dim` to be a multiple of 32.
 //!
 //! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
@@ -49,6 +49,7 @@
 use airs_gguf::GgmlType;
 
 use crate::error::{EngineError, EngineErrorKind};
+use crate::kv_q8;
 
 /// Element type of cached keys and values.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -91,15 +92,6 @@ impl KvType {
             KvType::F16 => Some(head_dim * 2),
             KvType::Q8_0 => head_dim.is_multiple_of(32).then_some(head_dim / 32 * 34),
         }
-    }
-
-    /// Whether K is cached in columns: a tile of `width` positions of one head holds value `d`
-    /// of its position `j` at element `d × width + j`, so one load reads one value of 16
-    /// consecutive positions, and 16 scores accumulate in the lanes of a register with no
-    /// transposition (f32, f16). Q8_0 keeps rows (row `j` at byte `j × row_bytes`): its scale
-    /// covers 32 values of one row. The tile's bytes are `width × row_bytes` either way.
-    pub fn k_in_columns(self) -> bool {
-        !matches!(self, KvType::Q8_0)
     }
 }
 
@@ -302,7 +294,12 @@ fn sum_f64(x: &[f32]) -> f64 {
 }
 
 /// Encode one head's K row of `src.len()` values as position `col` of a K tile `width`
-/// positions wide (see [`KvType::k_in_columns`]).
+/// positions wide. K is cached in columns: an f32 or f16 tile holds value `d` of its position
+/// `j` at element `d × width + j`, so one load reads one value of 16 consecutive positions, and
+/// 16 scores accumulate in the lanes of a register with no transposition; a q8_0 tile holds
+/// each 32-value block of every position together, the positions' scales and then their codes
+/// four values at a time, the operand of one integer dot instruction over 16 positions
+/// ([`crate::kv_q8`]). A tile's bytes are `width × row_bytes`.
 pub(crate) fn encode_k(ty: KvType, src: &[f32], tile: &mut [u8], width: usize, col: usize) {
     debug_assert!(col < width);
     match ty {
@@ -319,8 +316,10 @@ pub(crate) fn encode_k(ty: KvType, src: &[f32], tile: &mut [u8], width: usize, c
             }
         }
         KvType::Q8_0 => {
-            let row_bytes = tile.len() / width;
-            encode_row(ty, src, &mut tile[col * row_bytes..(col + 1) * row_bytes]);
+            let mut row = [0u8; MAX_HEAD_DIM / 32 * kv_q8::BLOCK_BYTES];
+            let row = &mut row[..src.len() / 32 * kv_q8::BLOCK_BYTES];
+            encode_row(ty, src, row);
+            kv_q8::store_column(row, tile, width, col);
         }
     }
 }
@@ -389,81 +388,13 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
                 .iter_mut()
                 .zip(src.as_chunks::<34>().0)
             {
-                let d = q8_0_scale(b);
+                let d = kv_q8::block_scale(b);
                 let codes: [f32; 32] = std::array::from_fn(|k| f32::from(b[2 + k] as i8));
                 for (o, c) in o.iter_mut().zip(codes) {
                     *o = c * d;
                 }
             }
         }
-    }
-}
-
-/// ggml's `vec_dot_q8_0_q8_0`: per 32-value block an exact integer dot scaled by `d_a · d_b`
-/// (the reference [`scores_q8_0`] is tested against).
-#[cfg(test)]
-fn dot_q8_0(a: &[u8], b: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (x, y) in a.chunks_exact(34).zip(b.chunks_exact(34)) {
-        sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (q8_0_scale(x) * q8_0_scale(y));
-    }
-    sum
-}
-
-/// The scale of a q8_0 block (its first two bytes, an f16) as f32.
-#[inline(always)]
-fn q8_0_scale(block: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([block[0], block[1]]))
-}
-
-/// The exact integer dot of two q8_0 blocks' 32 codes.
-#[inline(always)]
-fn dot_codes(x: &[u8], y: &[u8]) -> i32 {
-    let (x, y): (&[u8; 32], &[u8; 32]) = (x.try_into().expect("32"), y.try_into().expect("32"));
-    let mut isum = 0i32;
-    for (&p, &q) in x.iter().zip(y) {
-        isum += i32::from(p as i8) * i32::from(q as i8);
-    }
-    isum
-}
-
-/// The block scales of the q8_0 rows (`row_bytes` bytes each) of `rows` as f32, row after row,
-/// into `out`.
-fn q8_0_scales(rows: &[u8], row_bytes: usize, out: &mut Vec<f32>) {
-    out.clear();
-    for row in rows.chunks_exact(row_bytes) {
-        out.extend(row.chunks_exact(34).map(q8_0_scale));
-    }
-}
-
-/// `out[h · out_stride] = dot_q8_0(row, q_h) · scale` for each q8_0 query row `q_h` of `q`
-/// (`row.len()` bytes each; `q_scales` their block scales, [`q8_0_scales`]): the K row's
-/// scales decoded once for all the heads, each head's dot the same operations in the same
-/// order as [`dot_q8_0`] (the same bits).
-#[inline(always)]
-fn scores_q8_0(
-    row: &[u8],
-    q: &[u8],
-    q_scales: &[f32],
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let blocks = row.len() / 34;
-    let mut k_scales = [0.0f32; MAX_HEAD_DIM / 32];
-    for (d, b) in k_scales.iter_mut().zip(row.chunks_exact(34)) {
-        *d = q8_0_scale(b);
-    }
-    for (h, (qh, dq)) in q
-        .chunks_exact(row.len())
-        .zip(q_scales.chunks_exact(blocks))
-        .enumerate()
-    {
-        let mut sum = 0.0f32;
-        for (b, (x, y)) in row.chunks_exact(34).zip(qh.chunks_exact(34)).enumerate() {
-            sum += dot_codes(&x[2..34], &y[2..34]) as f32 * (k_scales[b] * dq[b]);
-        }
-        out[h * out_stride] = sum * scale;
     }
 }
 
@@ -527,7 +458,9 @@ unsafe fn scores_chunk(
             col0,
         } => {
             let elem = ty.row_bytes(1).expect("f32 and f16 have a size");
-            assert!(ty.k_in_columns() && tile.len() >= head_dim * width * elem);
+            assert!(
+                matches!(ty, KvType::F32 | KvType::F16) && tile.len() >= head_dim * width * elem
+            );
             assert!(col0 + CHUNK_ROWS <= width);
             AVX512_HEADS_PER_PASS
         }
@@ -819,7 +752,7 @@ fn prefetch_next_runs<'a>(r: usize, runs: usize, bytes: impl Fn(usize) -> &'a [u
 }
 
 /// `rows` consecutive cached positions of one KV head. K lies in a tile of `width` positions
-/// (see [`KvType::k_in_columns`]), the run's positions from `first` on; row `i` of V starts at
+/// (see [`encode_k`]), the run's positions from `first` on; row `i` of V starts at
 /// byte `i × stride` of `v` and holds one head's row.
 pub(crate) struct RowRun<'a> {
     pub k: &'a [u8],
@@ -831,19 +764,14 @@ pub(crate) struct RowRun<'a> {
 }
 
 impl<'a> RowRun<'a> {
-    /// The bytes of K that hold the run (the whole tile when K is in columns).
-    fn k_bytes(&self, ty: KvType, head_dim: usize) -> &'a [u8] {
-        if ty.k_in_columns() {
-            self.k
-        } else {
-            let row_bytes = ty.row_bytes(head_dim).expect("row geometry checked");
-            &self.k[self.first * row_bytes..(self.first + self.rows) * row_bytes]
-        }
+    /// The bytes of K that hold the run: its whole tile (K is in columns).
+    fn k_bytes(&self) -> &'a [u8] {
+        self.k
     }
 }
 
 /// Rows decoded at a time (the paged cache's default block size).
-const CHUNK_ROWS: usize = 16;
+pub(crate) const CHUNK_ROWS: usize = 16;
 
 /// Grouped-query attention over cached rows of type `ty` supplied as `runs` runs by `run`,
 /// covering positions `0..n_ctx` in order: for each of the `q.len() / head_dim` query heads,
@@ -953,13 +881,14 @@ attend_build!(
 const AVX512_V_HEADS_PER_PASS: usize = 4;
 
 /// [`accumulate_rows`] for the `heads = out.len() / head_dim ≤ 4` heads of `out` at once,
-/// reading the `n` V rows of `v` (row `i` at byte `i × stride`, f16 or f32 values) straight
-/// from the cache: `out_h += Σ_i w[h · w_stride + i] · row i`, every element summed in row order
-/// by fused multiply-adds (the same bits), 64 columns per pass.
+/// reading the `n` V rows of `v` (row `i` at byte `i × stride`, f32, f16 or q8_0 values)
+/// straight from the cache: `out_h += Σ_i w[h · w_stride + i] · row i`, every element summed in
+/// row order by fused multiply-adds (the same bits; a q8_0 value is decoded as its code times
+/// its block's scale, as [`decode_row_with`] does), 64 columns per pass.
 ///
 /// # Safety
-/// AVX-512 F and F16C (the caller is [`attend_runs_avx512`]); `ty` is f32 or f16, `head_dim`
-/// a multiple of 16, `v` holds `n` rows of `stride` bytes (the last one at least a row), and
+/// AVX-512 F and F16C (the caller is [`attend_runs_avx512`]); `head_dim` a multiple of 16
+/// (of 32 for q8_0), `v` holds `n` rows of `stride` bytes (the last one at least a row), and
 /// `w` holds `(heads − 1) · w_stride + n` weights.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -975,8 +904,8 @@ unsafe fn accumulate_tile_avx512(
     stride: usize,
 ) {
     let heads = out.len() / head_dim;
-    let row_bytes = ty.row_bytes(head_dim).expect("f32 and f16 have a size");
-    assert!(ty.k_in_columns() && head_dim.is_multiple_of(16) && n > 0);
+    let row_bytes = ty.row_bytes(head_dim).expect("the cache's row geometry");
+    assert!(head_dim.is_multiple_of(16) && n > 0);
     assert!((1..=AVX512_V_HEADS_PER_PASS).contains(&heads) && out.len() == heads * head_dim);
     assert!(w.len() >= (heads - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
     let mut c = 0;
@@ -988,14 +917,16 @@ unsafe fn accumulate_tile_avx512(
                 // of each head's output and of the `n` rows lie inside `out` and `v`, and the
                 // weights inside `w` (asserted above).
                 unsafe {
-                    if ty == KvType::F16 {
-                        accumulate_block::<$h, $c, true>(
+                    match ty {
+                        KvType::F32 => accumulate_block::<$h, $c, V_F32>(
                             out, head_dim, c, w, w_stride, n, v, stride,
-                        )
-                    } else {
-                        accumulate_block::<$h, $c, false>(
+                        ),
+                        KvType::F16 => accumulate_block::<$h, $c, V_F16>(
                             out, head_dim, c, w, w_stride, n, v, stride,
-                        )
+                        ),
+                        KvType::Q8_0 => accumulate_block::<$h, $c, V_Q8_0>(
+                            out, head_dim, c, w, w_stride, n, v, stride,
+                        ),
                     }
                 }
             };
@@ -1020,14 +951,23 @@ unsafe fn accumulate_tile_avx512(
     }
 }
 
-/// Columns `c..c + 16·C` of [`accumulate_tile_avx512`] for `H` heads, V in f16 when `F16`.
+/// [`accumulate_block`]'s V element types.
+#[cfg(target_arch = "x86_64")]
+const V_F32: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const V_F16: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const V_Q8_0: u8 = 2;
+
+/// Columns `c..c + 16·C` of [`accumulate_tile_avx512`] for `H` heads, V of element type `V`
+/// ([`V_F32`], [`V_F16`], [`V_Q8_0`]).
 ///
 /// # Safety
 /// As [`accumulate_tile_avx512`], with `c + 16·C ≤ head_dim` and `H` heads in `out`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_block<const H: usize, const C: usize, const F16: bool>(
+unsafe fn accumulate_block<const H: usize, const C: usize, const V: u8>(
     out: &mut [f32],
     head_dim: usize,
     c: usize,
@@ -1038,9 +978,14 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const F16: bool>(
     stride: usize,
 ) {
     use std::arch::x86_64::*;
-    let elem = if F16 { 2 } else { 4 };
+    let row_bytes = match V {
+        V_F32 => head_dim * 4,
+        V_F16 => head_dim * 2,
+        _ => head_dim / 32 * kv_q8::BLOCK_BYTES,
+    };
     assert!(c + 16 * C <= head_dim && out.len() >= H * head_dim);
-    assert!(w.len() >= (H - 1) * w_stride + n && v.len() >= (n - 1) * stride + head_dim * elem);
+    assert!(V != V_Q8_0 || (head_dim.is_multiple_of(32) && c.is_multiple_of(16)));
+    assert!(w.len() >= (H - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
     // SAFETY: AVX-512 F and F16C (contract); loads and stores touch columns `c..c + 16·C` of
     // the `H` heads' outputs and of rows `i < n` of `v`, and weights `h · w_stride + i`, all
     // inside the slices (asserted above).
@@ -1054,13 +999,21 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const F16: bool>(
             }
         }
         for i in 0..n {
-            let row = v.as_ptr().add(i * stride + c * elem);
+            let row = v.as_ptr().add(i * stride);
             let mut x = [_mm512_setzero_ps(); C];
             for (j, x) in x.iter_mut().enumerate() {
-                *x = if F16 {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(row.add(32 * j).cast()))
-                } else {
-                    _mm512_loadu_ps(row.add(64 * j).cast())
+                let col = c + 16 * j;
+                *x = match V {
+                    V_F32 => _mm512_loadu_ps(row.add(4 * col).cast()),
+                    V_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * col).cast())),
+                    _ => {
+                        // Code times its block's scale: the value `decode_row_with` gives.
+                        let block = row.add(col / 32 * kv_q8::BLOCK_BYTES);
+                        let d = f16_to_f32(u16::from_le_bytes([*block, *block.add(1)]));
+                        let codes = _mm_loadu_si128(block.add(2 + col % 32).cast());
+                        let codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+                        _mm512_mul_ps(codes, _mm512_set1_ps(d))
+                    }
                 };
             }
             for (h, a) in acc.iter_mut().enumerate() {
@@ -1107,42 +1060,34 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
     let scores = &mut scores[..heads * n_ctx];
     // The query in the encoding the K rows are multiplied in.
     let mut q_f32 = Vec::new();
-    let mut q_q8 = Vec::new();
-    // q8_0: each head's block scales, decoded once for every K row.
-    let mut q_scales = Vec::new();
+    let mut q_q8 = None;
     match ty {
         KvType::F32 => q_f32.extend_from_slice(q),
         KvType::F16 => q_f32.extend(q.iter().map(|&x| round_f16(x))),
         KvType::Q8_0 => {
-            q_q8.resize(heads * row_bytes, 0);
-            for (src, dst) in q
-                .chunks_exact(head_dim)
-                .zip(q_q8.chunks_exact_mut(row_bytes))
-            {
-                encode_row(KvType::Q8_0, src, dst);
-            }
-            q8_0_scales(&q_q8, row_bytes, &mut q_scales);
+            let quantize = |src: &[f32], dst: &mut [u8]| encode_row(KvType::Q8_0, src, dst);
+            q_q8 = Some(kv_q8::Query::new(q, head_dim, row_bytes, quantize));
         }
     }
+    let q8_kernel = kv_q8::Kernel::detect();
     let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
 
     // Scores, up to 16 positions at a time for every head: K read in place (AVX-512, whole
     // 16-column chunks) or decoded once per chunk.
     let mut j0 = 0;
-    prefetch_first_runs(runs, |i| run(i).k_bytes(ty, head_dim));
+    prefetch_first_runs(runs, |i| run(i).k_bytes());
     for r in 0..runs {
         let this = run(r);
-        prefetch_next_runs(r, runs, |i| run(i).k_bytes(ty, head_dim));
+        prefetch_next_runs(r, runs, |i| run(i).k_bytes());
         let mut i0 = 0;
         while i0 < this.rows {
             let n = (this.rows - i0).min(CHUNK_ROWS);
             let col0 = this.first + i0;
-            if ty == KvType::Q8_0 {
-                for i in 0..n {
-                    let row = &this.k[(col0 + i) * row_bytes..(col0 + i + 1) * row_bytes];
-                    let out = &mut scores[j0 + i..];
-                    scores_q8_0(row, &q_q8, &q_scales, scale, out, n_ctx);
-                }
+            if let Some(q8) = &q_q8 {
+                let (tile, width) = (this.k, this.width);
+                kv_q8::scores(
+                    q8_kernel, tile, width, col0, n, q8, scale, scores, n_ctx, j0,
+                );
             } else {
                 #[cfg(target_arch = "x86_64")]
                 let chunk = if AVX512 && col0 + CHUNK_ROWS <= this.width {
@@ -1203,7 +1148,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         while i0 < rows {
             let n = (rows - i0).min(CHUNK_ROWS);
             #[cfg(target_arch = "x86_64")]
-            if AVX512 && ty != KvType::Q8_0 && head_dim.is_multiple_of(16) {
+            if AVX512 && head_dim.is_multiple_of(16) {
                 // Straight from the cache, a query's heads four at a time (they share their
                 // positions).
                 let mut h = 0;
@@ -1217,8 +1162,8 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
                         let w = &scores[h * n_ctx + j0..];
                         let v = &v[i0 * stride..];
                         // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, after
-                        // runtime detection of AVX-512 F and F16C; `ty` is f32 or f16 and
-                        // `head_dim` a multiple of 16; the run holds rows `i0..i0 + n` and
+                        // runtime detection of AVX-512 F and F16C; `head_dim` is a multiple
+                        // of 16 (of 32 for q8_0); the run holds rows `i0..i0 + n` and
                         // `scores` each head's `n_ctx` weights.
                         unsafe { accumulate_tile_avx512(ty, oh, head_dim, w, n_ctx, n, v, stride) };
                     }
@@ -1259,7 +1204,7 @@ pub struct ContiguousKv {
     capacity: usize,
     len: usize,
     /// Per layer: K, tiles of [`CHUNK_ROWS`] positions, each one tile per KV head (see
-    /// [`KvType::k_in_columns`]); then V, `capacity × kv_heads` rows, position-major.
+    /// [`encode_k`]); then V, `capacity × kv_heads` rows, position-major.
     layers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -1466,58 +1411,16 @@ mod tests {
     }
 
     #[test]
-    fn q8_0_rows_round_trip_and_dot_like_ggml() {
+    fn q8_0_rows_round_trip() {
         let x: Vec<f32> = (0..64)
             .map(|i| ((i * 37 % 19) as f32 - 9.0) * 0.3)
             .collect();
-        let y: Vec<f32> = (0..64)
-            .map(|i| ((i * 11 % 23) as f32 - 11.0) * 0.1)
-            .collect();
-        let (mut a, mut b) = (vec![0u8; 68], vec![0u8; 68]);
+        let mut a = vec![0u8; 68];
         encode_row(KvType::Q8_0, &x, &mut a);
-        encode_row(KvType::Q8_0, &y, &mut b);
         let mut back = vec![0.0; 64];
         decode_row_with::<false>(KvType::Q8_0, &a, &mut back);
         for (u, v) in x.iter().zip(&back) {
             assert!((u - v).abs() <= 2.7 / 127.0 + 1e-6);
-        }
-        let want =
-            airs_kernels::dot(airs_kernels::Isa::Scalar, GgmlType::Q8_0, 64, &a, &b).unwrap();
-        assert!((dot_q8_0(&a, &b) - want).abs() <= want.abs() * 1e-6);
-    }
-
-    #[test]
-    fn q8_0_scores_of_every_head_equal_their_dots_alone_bit_for_bit() {
-        for head_dim in [32, 64, 256] {
-            let rb = KvType::Q8_0.row_bytes(head_dim).unwrap();
-            let heads = 7;
-            let encode = |seed: usize| {
-                let x: Vec<f32> = (0..head_dim)
-                    .map(|j| {
-                        (((j * 37 + seed * 11) % 97) as f32 - 48.0) * 0.013 * (1 + seed % 5) as f32
-                    })
-                    .collect();
-                let mut row = vec![0u8; rb];
-                encode_row(KvType::Q8_0, &x, &mut row);
-                row
-            };
-            let q: Vec<u8> = (0..heads).flat_map(|h| encode(100 + h)).collect();
-            let mut q_scales = Vec::new();
-            q8_0_scales(&q, rb, &mut q_scales);
-            for pos in 0..9 {
-                let k = encode(pos);
-                let stride = 5;
-                let mut out = vec![f32::NAN; heads * stride];
-                scores_q8_0(&k, &q, &q_scales, 0.125, &mut out, stride);
-                for (h, qh) in q.chunks_exact(rb).enumerate() {
-                    let alone = dot_q8_0(&k, qh) * 0.125;
-                    assert_eq!(
-                        out[h * stride].to_bits(),
-                        alone.to_bits(),
-                        "{head_dim}, head {h}"
-                    );
-                }
-            }
         }
     }
 

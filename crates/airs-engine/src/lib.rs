@@ -11,6 +11,7 @@ pub mod footprint;
 pub mod forward;
 pub mod image;
 pub mod kv;
+mod kv_q8;
 mod math;
 pub mod model;
 pub mod paged;

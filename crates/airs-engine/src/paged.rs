@@ -14,7 +14,7 @@
 //! Block layout: a block holds `tokens_per_block` positions of K and V for every layer (see
 //! [`airs_memory::kv_pool`] for why). Inside it the rows of one (layer, K or V, KV head) are
 //! contiguous — `[layer][K, V][kv_head][tile]`, where V's tile is its rows in position order and
-//! K's holds them in columns (value `d` of every position together, [`KvType::k_in_columns`]) —
+//! K's holds them in columns (value `d` of every position together, `kv::encode_k`) —
 //! so attention reads one contiguous run per block and KV head, decodes it once for all the
 //! query heads of the group, and moves on; the block table is consulted once per run, and the
 //! next block's run is prefetched while the current one is computed (a jump between blocks
