@@ -61,7 +61,8 @@ pub struct RunArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// KV cache element type.
+    /// KV cache element type: f16, f32, or q8_0 (34 bytes a 32-value block, about half f16's;
+    /// attention as fast as over f16 where measured: BENCHMARKS.md).
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
     #[command(flatten)]

@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// Each model's KV pool [default: a quarter of the model pool, at most 256 MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub kv_pool: Option<u64>,
-    /// KV cache element type.
+    /// KV cache element type: f16, f32, or q8_0 (34 bytes a 32-value block, about half f16's;
+    /// attention as fast as over f16 where measured: BENCHMARKS.md).
     #[arg(long, default_value = "f16")]
     pub kv_type: KvType,
     /// Sequences running at once per model.
