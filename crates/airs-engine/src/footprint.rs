@@ -9,8 +9,9 @@
 //! (`kv_len`), gate and up (`n_ff`), the RoPE table, the quantized activation copies (one per
 //! activation encoding the weights use, sized for the widest input, plus the tiled kernels'
 //! prepared copy), per-thread matmul tiles and attention score buffers (group × context
-//! floats), the last row's logits (vocab × 4 bytes) and the sampler's candidate arrays
-//! (vocab × 16 bytes), and, for contexts longer than one pass, the residual stream of the
+//! floats), the last row's logits (vocab × 4 bytes), each sequence's sampler and constraint
+//! buffers (vocab × 16 bytes) and each thread's draw (vocab × 8), and, for contexts longer
+//! than one pass, the residual stream of the
 //! further passes a layer-major prefill holds while weights load. `airs fit`'s tests hold it,
 //! with the weights and KV cache, within 5 % of the measured peak resident set of `airs run` on
 //! both real models.
@@ -118,7 +119,9 @@ pub struct Scratch {
     pub per_thread: u64,
     /// Output norm rows and the logits of every sequence's last row.
     pub logits: u64,
-    /// Sampler candidates, probabilities and weights over the vocabulary.
+    /// Over the vocabulary: each sequence's sampler candidates (8 bytes a token), penalized
+    /// logits and JSON-constrained logits (4 each), which it keeps from draw to draw; and the
+    /// probabilities and weights of a draw (8), one draw at a time on each thread.
     pub sampler: u64,
     /// The residual stream of the further passes a layer-major prefill holds while the weights
     /// are loading ([`crate::forward::LAYER_MAJOR_PASSES`]; 0 for contexts of one pass).
@@ -172,7 +175,7 @@ impl Scratch {
             quantized: r * (s.act_row_bytes + prepared),
             per_thread: threads * (tile + scores),
             logits: 0,
-            sampler: s.vocab * 16,
+            sampler: seqs * s.vocab * 16 + threads.max(1) * s.vocab * 8,
             residual: loading_rows.saturating_sub(r) * s.embd * 4,
         }
         .with_logit_rows(shape, seqs)

@@ -505,6 +505,9 @@ mod tests {
         assert_eq!(config.max_running, 3);
         assert_eq!(config.step_tokens, 21);
         assert_eq!(e.scratch.logits, 3 * (896 * 4 + 151_936 * 4));
+        // Each of the 3 running sequences keeps its sampler's and constraint's buffers; each
+        // of the 4 threads draws one at a time.
+        assert_eq!(e.scratch.sampler, 3 * 151_936 * 16 + 4 * 151_936 * 8);
         // With drafts, a step computes the logits of up to 16 rows (DraftConfig::step_rows).
         let drafting = FitRequest {
             draft: crate::DraftConfig::with_tokens(8),
