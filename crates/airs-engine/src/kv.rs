@@ -40,8 +40,9 @@
 //! Cost: `store` is O(kv_len) per position; `attend` reads each of the `n_ctx` K and V rows of
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
 //! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that reads
-//! f16/f32 K columns and V rows straight from the cache into 512-bit registers, four query
-//! heads per pass — bit-identical results in every build (tested). The next run is prefetched
+//! f16/f32 K columns and f16/f32/q8_0 V rows straight from the cache into 512-bit registers,
+//! four query heads per pass (q8_0 K: [`crate::kv_q8`]'s kernels) — bit-identical results in
+//! every build (tested). The next run is prefetched
 //! while one is computed (a paged cache's runs each start a new page). Measured single-thread
 //! with `cargo bench -p airs-engine --bench attention` (one decode query against 2048 cached
 //! positions, f16): BENCHMARKS.md.
