@@ -119,9 +119,13 @@ impl Query {
     }
 }
 
-/// Which kernel [`scores`] runs, decided once per attention call.
+/// Which kernel [`scores`] runs, decided once per attention call by [`Kernel::detect`], the
+/// only way to make one outside this module: a SIMD kernel is named only where the CPU runs it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
+pub(crate) struct Kernel(Kind);
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Kind {
     /// Rows gathered from the tile, then [`score_row`] (any CPU).
     Portable,
     /// AVX2's `pmaddubsw` and `pmaddwd`, 8 positions a register.
@@ -143,19 +147,19 @@ impl Kernel {
             if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
             {
-                return Kernel::Vnni;
+                return Kernel(Kind::Vnni);
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
-                return Kernel::Avx2;
+                return Kernel(Kind::Avx2);
             }
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
-            return Kernel::Neon;
+            return Kernel(Kind::Neon);
         }
-        Kernel::Portable
+        Kernel(Kind::Portable)
     }
 }
 
@@ -194,17 +198,18 @@ pub(crate) fn scores(
         n_ctx,
         j0,
     };
-    match kernel {
-        // SAFETY: `Kernel::detect` returned `Vnni` only after detecting AVX-512 F and VNNI;
-        // the chunk's 16 columns lie in the tile (`whole`, and the assertion above).
+    match kernel.0 {
+        // SAFETY: a `Kernel` holds `Vnni` only where AVX-512 F and VNNI were detected
+        // (`Kernel::detect`; this module's tests detect them too); the chunk's 16 columns lie in
+        // the tile (`whole`, and the assertion above).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Vnni if whole => unsafe { x86::scores_vnni(&chunk, q, scores) },
-        // SAFETY: `Avx2` only after detecting AVX2 and F16C; 16 columns in the tile as above.
+        Kind::Vnni if whole => unsafe { x86::scores_vnni(&chunk, q, scores) },
+        // SAFETY: `Avx2` only where AVX2 and F16C were detected; 16 columns in the tile as above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 if whole => unsafe { x86::scores_avx2(&chunk, q, scores) },
-        // SAFETY: `Neon` only after detecting NEON; 16 columns in the tile as above.
+        Kind::Avx2 if whole => unsafe { x86::scores_avx2(&chunk, q, scores) },
+        // SAFETY: `Neon` only where NEON was detected; 16 columns in the tile as above.
         #[cfg(target_arch = "aarch64")]
-        Kernel::Neon if whole => unsafe { neon::scores(&chunk, q, scores) },
+        Kind::Neon if whole => unsafe { neon::scores(&chunk, q, scores) },
         _ => scores_portable(&chunk, q, scores),
     }
 }
@@ -495,20 +500,23 @@ mod tests {
 
     #[test]
     fn every_kernel_scores_each_position_as_its_row_alone_bit_for_bit() {
-        let mut kernels = vec![Kernel::Portable];
+        // Every kernel this CPU runs (the same detection as `Kernel::detect`).
+        let mut kernels = vec![Kernel(Kind::Portable)];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
-                kernels.push(Kernel::Avx2);
+                kernels.push(Kernel(Kind::Avx2));
             }
-            if Kernel::detect() == Kernel::Vnni {
-                kernels.push(Kernel::Vnni);
+            if Kernel::detect() == Kernel(Kind::Vnni) {
+                kernels.push(Kernel(Kind::Vnni));
             }
         }
         #[cfg(target_arch = "aarch64")]
-        kernels.push(Kernel::Neon);
+        if Kernel::detect() == Kernel(Kind::Neon) {
+            kernels.push(Kernel(Kind::Neon));
+        }
         for head_dim in [32, 64, 256] {
             let row_bytes = head_dim / 32 * BLOCK_BYTES;
             let heads = 11;
