@@ -554,7 +554,7 @@ impl Model {
                     bytes: (last + 1) * kv_row_bytes,
                     macs: rows * (last + 1) * cfg.heads * head_dim * 2,
                 })
-                .fold(crate::par::Work::default(), |a, b| a + b);
+                .sum();
             crate::par::for_chunks_of(pool, pairs * slices, 1, work, &|range| {
                 ATTENTION_SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();

@@ -764,13 +764,6 @@ pub(crate) struct RowRun<'a> {
     pub stride: usize,
 }
 
-impl<'a> RowRun<'a> {
-    /// The bytes of K that hold the run: its whole tile (K is in columns).
-    fn k_bytes(&self) -> &'a [u8] {
-        self.k
-    }
-}
-
 /// Rows decoded at a time (the paged cache's default block size).
 pub(crate) const CHUNK_ROWS: usize = 16;
 
@@ -979,11 +972,12 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const V: u8>(
     stride: usize,
 ) {
     use std::arch::x86_64::*;
-    let row_bytes = match V {
-        V_F32 => head_dim * 4,
-        V_F16 => head_dim * 2,
-        _ => head_dim / 32 * kv_q8::BLOCK_BYTES,
+    let ty = match V {
+        V_F32 => KvType::F32,
+        V_F16 => KvType::F16,
+        _ => KvType::Q8_0,
     };
+    let row_bytes = ty.row_bytes(head_dim).expect("the cache's row geometry");
     assert!(c + 16 * C <= head_dim && out.len() >= H * head_dim);
     assert!(V != V_Q8_0 || (head_dim.is_multiple_of(32) && c.is_multiple_of(16)));
     assert!(w.len() >= (H - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
@@ -1067,27 +1061,28 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         KvType::F16 => q_f32.extend(q.iter().map(|&x| round_f16(x))),
         KvType::Q8_0 => {
             let quantize = |src: &[f32], dst: &mut [u8]| encode_row(KvType::Q8_0, src, dst);
-            q_q8 = Some(kv_q8::Query::new(q, head_dim, row_bytes, quantize));
+            let query = kv_q8::Query::new(q, head_dim, row_bytes, quantize);
+            q_q8 = Some((query, kv_q8::Kernel::detect()));
         }
     }
-    let q8_kernel = kv_q8::Kernel::detect();
     let mut rows_buf = vec![0.0f32; CHUNK_ROWS * head_dim];
 
     // Scores, up to 16 positions at a time for every head: K read in place (AVX-512, whole
     // 16-column chunks) or decoded once per chunk.
     let mut j0 = 0;
-    prefetch_first_runs(runs, |i| run(i).k_bytes());
+    // K is in columns: a run's bytes are its whole tile.
+    prefetch_first_runs(runs, |i| run(i).k);
     for r in 0..runs {
         let this = run(r);
-        prefetch_next_runs(r, runs, |i| run(i).k_bytes());
+        prefetch_next_runs(r, runs, |i| run(i).k);
         let mut i0 = 0;
         while i0 < this.rows {
             let n = (this.rows - i0).min(CHUNK_ROWS);
             let col0 = this.first + i0;
-            if let Some(q8) = &q_q8 {
+            if let Some((q8, q8_kernel)) = &q_q8 {
                 let (tile, width) = (this.k, this.width);
                 kv_q8::scores(
-                    q8_kernel, tile, width, col0, n, q8, scale, scores, n_ctx, j0,
+                    *q8_kernel, tile, width, col0, n, q8, scale, scores, n_ctx, j0,
                 );
             } else {
                 #[cfg(target_arch = "x86_64")]

@@ -70,6 +70,12 @@ impl std::ops::Add for Work {
     }
 }
 
+impl std::iter::Sum for Work {
+    fn sum<I: Iterator<Item = Work>>(jobs: I) -> Work {
+        jobs.fold(Work::default(), |a, b| a + b)
+    }
+}
+
 impl Work {
     /// A job that reads fewer bytes than this and does fewer multiply-adds than
     /// [`Self::INLINE_MACS`] runs on the calling thread: its microseconds are less than handing
@@ -271,10 +277,7 @@ pub(crate) fn matmuls(
         first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
     }
     let total = first.last().copied().unwrap_or(0);
-    let work = jobs
-        .iter()
-        .map(RowJob::work)
-        .fold(Work::default(), |a, b| a + b);
+    let work = jobs.iter().map(RowJob::work).sum();
     for_chunks_of(pool, total, 1, work, &|range| {
         for c in range {
             let i = first.partition_point(|&f| f <= c) - 1;
@@ -422,11 +425,11 @@ impl<'a> RowJob<'a> {
         }
     }
 
-    /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
     fn work(&self) -> Work {
         Work::product(self.w, self.tokens)
     }
 
+    /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
     fn chunk(&self, threads: usize) -> usize {
         (self.w.rows / (threads * 8)).next_multiple_of(G).max(G)
     }
