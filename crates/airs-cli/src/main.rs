@@ -94,10 +94,13 @@ enum BenchCommand {
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
-/// panicking on the failed write.
+/// panicking on the failed write. Never for `serve`: a client that resets its connection makes
+/// hyper's next vectored write (`writev`, which has no `MSG_NOSIGNAL`) raise SIGPIPE, and the
+/// default disposition would kill the server and every other client's work with it.
 fn restore_default_sigpipe() {
-    // SAFETY: called first thing in `main`, before any thread exists; SIG_DFL is a valid
-    // disposition for SIGPIPE and no Rust code relies on SIGPIPE being ignored.
+    // SAFETY: called at the start of `main`, after argument parsing (which starts no thread)
+    // and before any thread exists; SIG_DFL is a valid disposition for SIGPIPE, and the
+    // commands that get it write to no socket.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
@@ -112,8 +115,10 @@ fn open_bytes(path: Option<&std::path::Path>) -> anyhow::Result<ModelBytes> {
 }
 
 fn main() -> ExitCode {
-    restore_default_sigpipe();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        restore_default_sigpipe();
+    }
     let result = match cli.command {
         Command::Inspect { model, json } => {
             open_bytes(model.as_deref()).and_then(|m| inspect::run(&m, json))
