@@ -17,7 +17,8 @@
 //! accumulate in the lanes (BENCHMARKS.md).
 //!
 //! Cost: a chunk of 16 positions and `H` heads is `H × head_dim / 4` dot instructions of 16
-//! lanes (AVX-512 VNNI) or twice to four times as many (AVX2, NEON), plus four float operations
+//! lanes (AVX-512 VNNI), four times as many 4-lane `sdot` (NEON with the dot-product
+//! extension), twice to four times as many (AVX2, plain NEON), plus four float operations
 //! per block and head. Codes are what ggml's quantizer writes, within [-127, 127]; the AVX2 and
 //! NEON kernels rely on it (a pair of products fits 16 bits).
 
@@ -134,9 +135,12 @@ enum Kind {
     /// AVX-512 VNNI's `vpdpbusd`, 16 positions a register.
     #[cfg(target_arch = "x86_64")]
     Vnni,
-    /// NEON's widening multiplies and pairwise adds, 4 positions a register.
+    /// NEON's widening multiplies and pairwise adds, 4 positions a register (the Pi 4).
     #[cfg(target_arch = "aarch64")]
     Neon,
+    /// NEON's `sdot`, 4 positions a register (the dot-product extension: the Pi 5).
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
 }
 
 impl Kernel {
@@ -157,6 +161,9 @@ impl Kernel {
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                return Kernel(Kind::NeonDot);
+            }
             return Kernel(Kind::Neon);
         }
         Kernel(Kind::Portable)
@@ -210,6 +217,10 @@ pub(crate) fn scores(
         // SAFETY: `Neon` only where NEON was detected; 16 columns in the tile as above.
         #[cfg(target_arch = "aarch64")]
         Kind::Neon if whole => unsafe { neon::scores(&chunk, q, scores) },
+        // SAFETY: `NeonDot` only where NEON and the dot-product extension were detected; 16
+        // columns in the tile as above.
+        #[cfg(target_arch = "aarch64")]
+        Kind::NeonDot if whole => unsafe { neon::scores_dot(&chunk, q, scores) },
         _ => scores_portable(&chunk, q, scores),
     }
 }
@@ -438,6 +449,45 @@ mod neon {
     pub(super) unsafe fn scores(c: &Chunk<'_>, q: &Query, out: &mut [f32]) {
         #[target_feature(enable = "neon")]
         fn pass<const P: usize>(c: &Chunk<'_>, q: &Query, h0: usize, out: &mut [f32]) {
+            // SAFETY: NEON is enabled here; without `sdot`.
+            unsafe { blocks::<P, false>(c, q, h0, out) };
+        }
+        in_passes!(pass, c, q, out);
+    }
+
+    /// [`super::scores`] with NEON's `sdot`, 4 positions a register: per group of 4 values
+    /// one `sdot` of the positions' codes with the head's 4 codes in every lane.
+    ///
+    /// # Safety
+    /// The CPU must support NEON and the dot-product extension; the chunk's 16 columns lie in
+    /// its tile.
+    #[target_feature(enable = "neon,dotprod")]
+    pub(super) unsafe fn scores_dot(c: &Chunk<'_>, q: &Query, out: &mut [f32]) {
+        #[target_feature(enable = "neon,dotprod")]
+        fn pass<const P: usize>(c: &Chunk<'_>, q: &Query, h0: usize, out: &mut [f32]) {
+            // SAFETY: NEON and the dot-product extension are enabled here.
+            unsafe { blocks::<P, true>(c, q, h0, out) };
+        }
+        in_passes!(pass, c, q, out);
+    }
+
+    /// Heads `h0..h0 + P` against the chunk's 16 positions, block by block: each 32-bit lane
+    /// gains the dot of one position's 4 codes with the head's 4 codes (`sdot` if `SDOT`,
+    /// else `smull`, `addp`, `sadalp`); then each block's exact sums are scaled as ggml does.
+    ///
+    /// # Safety
+    /// The caller enables NEON, and the dot-product extension if `SDOT`; the chunk's 16
+    /// columns lie in its tile.
+    #[inline(always)]
+    unsafe fn blocks<const P: usize, const SDOT: bool>(
+        c: &Chunk<'_>,
+        q: &Query,
+        h0: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's features cover every intrinsic below (`sdot` only if `SDOT`),
+        // and the loads read inside the slices named beside them.
+        unsafe {
             let mut sums = [[vdupq_n_f32(0.0); 4]; P];
             for b in 0..q.blocks() {
                 let scales = &c.tile[tile_scale(c.width, b, c.col0)..][..2 * CHUNK_ROWS];
@@ -448,24 +498,26 @@ mod neon {
                 let mut acc = [[vdupq_n_s32(0); 4]; P];
                 for g in 0..8 {
                     let codes = &c.tile[tile_codes(c.width, b, g, c.col0)..][..4 * CHUNK_ROWS];
-                    // SAFETY: four 16-byte loads inside the 64 bytes of `codes`.
-                    let k: [int8x16_t; 4] = std::array::from_fn(|i| unsafe {
-                        vld1q_s8(codes[16 * i..].as_ptr().cast())
-                    });
+                    // Four 16-byte loads inside the 64 bytes of `codes`.
+                    let k: [int8x16_t; 4] =
+                        std::array::from_fn(|i| vld1q_s8(codes[16 * i..].as_ptr().cast()));
                     for (p, acc) in acc.iter_mut().enumerate() {
                         let qg = vreinterpretq_s8_s32(vdupq_n_s32(q.codes(h0 + p, b, g)));
                         for (acc, k) in acc.iter_mut().zip(k) {
-                            let low = vmull_s8(vget_low_s8(k), vget_low_s8(qg));
-                            let high = vmull_high_s8(k, qg);
-                            *acc = vpadalq_s16(*acc, vpaddq_s16(low, high));
+                            *acc = if SDOT {
+                                airs_kernels::sdot(*acc, k, qg)
+                            } else {
+                                let low = vmull_s8(vget_low_s8(k), vget_low_s8(qg));
+                                vpadalq_s16(*acc, vpaddq_s16(low, vmull_high_s8(k, qg)))
+                            };
                         }
                     }
                 }
                 for (p, (sum, acc)) in sums.iter_mut().zip(acc).enumerate() {
                     let dq = q.scales[(h0 + p) * q.blocks() + b];
                     for (i, (s, a)) in sum.iter_mut().zip(acc).enumerate() {
-                        // SAFETY: 4 floats of the 16-float array `dk`.
-                        let dk = unsafe { vld1q_f32(dk[4 * i..].as_ptr()) };
+                        // 4 floats of the 16-float array `dk`.
+                        let dk = vld1q_f32(dk[4 * i..].as_ptr());
                         let d = vmulq_f32(dk, vdupq_n_f32(dq));
                         *s = vaddq_f32(*s, vmulq_f32(vcvtq_f32_s32(a), d));
                     }
@@ -474,13 +526,12 @@ mod neon {
             let mut lanes = [[0.0f32; CHUNK_ROWS]; P];
             for (l, s) in lanes.iter_mut().zip(sums) {
                 for (i, v) in s.into_iter().enumerate() {
-                    // SAFETY: 4 floats into the 16-float array.
-                    unsafe { vst1q_f32(l[4 * i..].as_mut_ptr(), v) };
+                    // 4 floats into the 16-float array.
+                    vst1q_f32(l[4 * i..].as_mut_ptr(), v);
                 }
             }
             store(c, h0, &lanes, out);
         }
-        in_passes!(pass, c, q, out);
     }
 }
 
@@ -514,8 +565,13 @@ mod tests {
             }
         }
         #[cfg(target_arch = "aarch64")]
-        if Kernel::detect() == Kernel(Kind::Neon) {
-            kernels.push(Kernel(Kind::Neon));
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                kernels.push(Kernel(Kind::Neon));
+            }
+            if Kernel::detect() == Kernel(Kind::NeonDot) {
+                kernels.push(Kernel(Kind::NeonDot));
+            }
         }
         for head_dim in [32, 64, 256] {
             let row_bytes = head_dim / 32 * BLOCK_BYTES;

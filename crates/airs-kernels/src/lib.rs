@@ -38,6 +38,8 @@ pub use gated::gated;
 pub use isa::Isa;
 pub use stream::xor_fold;
 pub use tiled::PreparedActs;
+#[cfg(target_arch = "aarch64")]
+pub use tiled::neon::sdot;
 
 /// The encoding of activations that a weight type's dot product consumes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

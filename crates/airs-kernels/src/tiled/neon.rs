@@ -25,9 +25,14 @@ pub(super) const TILE: usize = 8;
 const PASS: usize = 4;
 
 /// `acc + Σ a·b` per group of 4 signed bytes (`sdot`; `vdotq_s32` is not yet stable Rust).
+/// Public for the engine's attention kernels (`airs_kernels::sdot`).
+///
+/// # Safety
+/// The CPU must support NEON and the dot-product extension (a caller compiled with both
+/// features calls it safely).
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-pub(crate) fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: `sdot` reads two vector registers and updates a third; it touches no memory,
     // stack or flags, and this fn is only compiled/run with the dotprod feature.
