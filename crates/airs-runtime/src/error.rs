@@ -60,6 +60,10 @@ pub enum RuntimeErrorKind {
     /// The runtime is shutting down and accepts no more work.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// The engine thread stopped on an internal error (a panic, with its message): nothing
+    /// more runs on it; the front end may start the model again.
+    #[error("the engine stopped on an internal error: {0}")]
+    EngineFailed(String),
     /// An argument or configuration value was invalid.
     #[error("{0}")]
     Invalid(String),
@@ -125,7 +129,9 @@ impl RuntimeError {
             | K::ModelMismatch { .. }
             | K::KldReference(_) => ErrorClass::BadRequest,
             K::QueueFull { .. } => ErrorClass::Overloaded,
-            K::PoolExhausted(_) | K::PoolFull(_) | K::ShuttingDown => ErrorClass::Unavailable,
+            K::PoolExhausted(_) | K::PoolFull(_) | K::ShuttingDown | K::EngineFailed(_) => {
+                ErrorClass::Unavailable
+            }
             K::Cancelled => ErrorClass::Cancelled,
             K::Engine(e) => match e.kind() {
                 EngineErrorKind::TokenOutOfRange { .. }

@@ -10,12 +10,20 @@
 //! [`RuntimeErrorKind::ShuttingDown`]); every completed session turn was committed when it
 //! completed, so the histories are intact.
 //!
+//! Failure: a panic on the engine thread (a bug: an engine invariant broken) stops it. The
+//! requests it held lose their sinks (their front ends see the channel close), every later
+//! request gets [`RuntimeErrorKind::EngineFailed`] with the panic's message, and
+//! [`Service::failure`] reports it, so a front end can drop the service and load the model
+//! again (the server does at the model's next request); completed session turns were
+//! committed when they completed, so nothing acknowledged is lost.
+//!
 //! Cost: one channel send per command; the engine thread sleeps on the channel when idle (no
 //! spinning); a status snapshot at most every [`STATUS_INTERVAL`] while busy.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -88,6 +96,9 @@ enum Command {
     Submit(RequestId, Box<Request>, Sink),
     Cancel(RequestId),
     Shutdown(Duration, mpsc::Sender<ShutdownReport>),
+    /// Panic on the engine thread (tests of the failure path).
+    #[cfg(feature = "fault-injection")]
+    Panic(String),
 }
 
 /// A scheduler on its engine thread (see the module documentation).
@@ -97,6 +108,8 @@ pub struct Service {
     next_id: AtomicU64,
     model: Arc<LoadedModel>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The panic message that stopped the engine thread, once it has.
+    failure: Arc<OnceLock<String>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -114,9 +127,26 @@ impl Service {
         let status = Arc::new(Mutex::new(Status::default()));
         let model = Arc::clone(scheduler.model());
         let shared = Arc::clone(&status);
+        let failure = Arc::new(OnceLock::new());
+        let failed = Arc::clone(&failure);
         let thread = std::thread::Builder::new()
             .name("airs-engine".into())
-            .spawn(move || engine_loop(scheduler, rx, shared))
+            .spawn(move || {
+                let mut scheduler = scheduler;
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| {
+                    engine_loop(&mut scheduler, &rx, &shared)
+                })) {
+                    let message = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic without a message".into());
+                    let _ = failed.set(message);
+                }
+                // Only now are the scheduler and the command channel dropped (every sink it
+                // holds with them): a front end that sees its events end finds the failure.
+                drop((scheduler, rx));
+            })
             .expect("spawning the engine thread");
         Service {
             commands: tx,
@@ -124,7 +154,20 @@ impl Service {
             next_id: AtomicU64::new(0),
             model,
             thread: Mutex::new(Some(thread)),
+            failure,
         }
+    }
+
+    /// Why the engine thread stopped, if it stopped on a panic: the service runs nothing more
+    /// (see the module documentation).
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// Make the engine thread panic with `message` between two steps, as an engine bug would.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_panic(&self, message: &str) {
+        let _ = self.commands.send(Command::Panic(message.to_string()));
     }
 
     /// The model the service serves (tokenizer, template, shape: shared, immutable).
@@ -163,9 +206,12 @@ impl Service {
             .commands
             .send(Command::Submit(id, Box::new(request), sink))
         {
-            let _ = sink(Event::Failed(RuntimeError::new(
-                RuntimeErrorKind::ShuttingDown,
-            )));
+            // The engine thread is gone: shut down, or stopped by a panic.
+            let kind = match self.failure() {
+                Some(message) => RuntimeErrorKind::EngineFailed(message.to_string()),
+                None => RuntimeErrorKind::ShuttingDown,
+            };
+            let _ = sink(Event::Failed(RuntimeError::new(kind)));
         }
         id
     }
@@ -233,10 +279,10 @@ fn publish(scheduler: &Scheduler, status: &Mutex<Status>, started: Instant) {
     *status.lock().unwrap_or_else(|e| e.into_inner()) = s;
 }
 
-fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Arc<Mutex<Status>>) {
+fn engine_loop(scheduler: &mut Scheduler, rx: &mpsc::Receiver<Command>, status: &Mutex<Status>) {
     let started = Instant::now();
     let mut published = Instant::now();
-    publish(&scheduler, &status, started);
+    publish(scheduler, status, started);
     let mut shutdown: Option<(Instant, mpsc::Sender<ShutdownReport>)> = None;
     let completed_at_start = scheduler.stats().completed;
     loop {
@@ -247,7 +293,7 @@ fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Ar
             match rx.recv_timeout(Duration::from_secs(1)) {
                 Ok(c) => Some(c),
                 Err(RecvTimeoutError::Timeout) => {
-                    publish(&scheduler, &status, started);
+                    publish(scheduler, status, started);
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -277,6 +323,8 @@ fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Ar
                 Command::Shutdown(grace, reply) => {
                     shutdown = Some((Instant::now() + grace, reply));
                 }
+                #[cfg(feature = "fault-injection")]
+                Command::Panic(message) => panic!("{message}"),
             }
         }
         if let Some((deadline, _)) = &shutdown
@@ -285,7 +333,7 @@ fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Ar
             let finished = scheduler.stats().completed - completed_at_start;
             let cancelled =
                 scheduler.fail_all(|| RuntimeError::new(RuntimeErrorKind::ShuttingDown));
-            publish(&scheduler, &status, started);
+            publish(scheduler, status, started);
             let (_, reply) = shutdown.take().expect("checked");
             let _ = reply.send(ShutdownReport {
                 finished,
@@ -297,7 +345,7 @@ fn engine_loop(mut scheduler: Scheduler, rx: mpsc::Receiver<Command>, status: Ar
             scheduler.step();
         }
         if published.elapsed() >= STATUS_INTERVAL || !scheduler.has_work() {
-            publish(&scheduler, &status, started);
+            publish(scheduler, status, started);
             published = Instant::now();
         }
     }

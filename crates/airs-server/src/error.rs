@@ -79,7 +79,8 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
-    /// 503: not now (no memory, loading, shutting down, remote unreachable).
+    /// 503: not now (no memory, loading, shutting down, an engine that stopped on a panic,
+    /// remote unreachable).
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
     }
@@ -122,6 +123,7 @@ impl From<RuntimeError> for ApiError {
             ErrorClass::Unavailable => {
                 let code = match e.kind() {
                     RuntimeErrorKind::ShuttingDown => "shutting_down",
+                    RuntimeErrorKind::EngineFailed(_) => "engine_failed",
                     _ => "insufficient_memory",
                 };
                 ApiError::unavailable(message).with_code(code)

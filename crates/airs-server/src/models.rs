@@ -9,6 +9,11 @@
 //! pool. Each model gets its own KV pool (`--kv-pool`), charged to the same model pool, and its
 //! own connection to the session database.
 //!
+//! A model whose engine thread stopped on a panic ([`Service::failure`]: an engine bug) is
+//! dropped and loaded again at its next request, so one bug costs the requests it was running
+//! (they get 503 `engine_failed` with the panic's message), not the server; the failures are
+//! counted (`airs_engine_failures_total`) and logged.
+//!
 //! Cost: a load is the runtime's (the weights read lazily by default); lookups are a lock and a
 //! scan of the few configured models.
 
@@ -109,9 +114,11 @@ impl Served {
 
     /// Whether it serves nothing right now (may be unloaded to make room).
     fn idle(self: &Arc<Self>) -> bool {
-        // The list holds one reference; a handler in flight holds another.
+        // The list holds one reference; a handler in flight holds another. A stopped engine's
+        // last status may still count the requests it was running.
         let s = self.service.status();
-        Arc::strong_count(self) == 1 && s.running == 0 && s.waiting == 0
+        Arc::strong_count(self) == 1
+            && (self.service.failure().is_some() || s.running == 0 && s.waiting == 0)
     }
 }
 
@@ -131,6 +138,8 @@ pub struct Models {
     /// Serializes loads (one at a time: they compete for the same pool).
     load_lock: tokio::sync::Mutex<()>,
     starting: AtomicBool,
+    /// Engines found stopped by a panic (each model then loaded again).
+    engine_failures: AtomicU64,
 }
 
 impl std::fmt::Debug for Models {
@@ -160,6 +169,7 @@ impl Models {
             loaded: Mutex::new(Vec::new()),
             load_lock: tokio::sync::Mutex::new(()),
             starting: AtomicBool::new(true),
+            engine_failures: AtomicU64::new(0),
         }
     }
 
@@ -220,7 +230,12 @@ impl Models {
         Ok(Route::Local(self.get(&spec).await?))
     }
 
-    /// `spec` served, loaded first if it is not.
+    /// Engines found stopped by a panic since the server started.
+    pub fn engine_failures(&self) -> u64 {
+        self.engine_failures.load(Ordering::Relaxed)
+    }
+
+    /// `spec` served, loaded first if it is not (or if its engine stopped on a panic).
     pub async fn get(&self, spec: &ModelSpec) -> Result<Arc<Served>, ApiError> {
         if let Some(s) = self.find(&spec.id) {
             s.touch();
@@ -229,6 +244,19 @@ impl Models {
         let _guard = self.load_lock.lock().await;
         if let Some(s) = self.find(&spec.id) {
             return Ok(s);
+        }
+        if let Some(failed) = self.take_failed(&spec.id) {
+            tracing::error!(
+                model = %spec.id,
+                error = failed.service.failure().unwrap_or(""),
+                "the engine stopped on a panic; loading the model again"
+            );
+            self.engine_failures.fetch_add(1, Ordering::Relaxed);
+            // Its thread has ended; joining it and dropping the weights' reference is quick,
+            // but not for an async worker.
+            tokio::task::spawn_blocking(move || drop(failed))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
         }
         loop {
             let registry = self.registry.clone().expect("checked: a local model pool");
@@ -274,8 +302,21 @@ impl Models {
         }
     }
 
+    /// The model `id` served by a running engine.
     fn find(&self, id: &str) -> Option<Arc<Served>> {
-        self.lock().iter().find(|s| s.spec.id == id).cloned()
+        self.lock()
+            .iter()
+            .find(|s| s.spec.id == id && s.service.failure().is_none())
+            .cloned()
+    }
+
+    /// The model `id` if its engine stopped on a panic, taken out of the list.
+    fn take_failed(&self, id: &str) -> Option<Arc<Served>> {
+        let mut loaded = self.lock();
+        let i = loaded
+            .iter()
+            .position(|s| s.spec.id == id && s.service.failure().is_some())?;
+        Some(loaded.remove(i))
     }
 
     /// Load the first model (at start).

@@ -20,7 +20,10 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use airs_runtime::tools::{self, ReplyPart, ToolCall, ToolCallParser};
-use airs_runtime::{Event, LoadedModel, Request, RequestId, TokenEvent, TokenLogprobs, Usage};
+use airs_runtime::{
+    Event, LoadedModel, Request, RequestId, RuntimeError, RuntimeErrorKind, TokenEvent,
+    TokenLogprobs, Usage,
+};
 use airs_tokenizer::TokenId;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -62,16 +65,27 @@ impl Submission {
         }
     }
 
-    /// The next event; `None` once the stream ended.
+    /// The next event; `None` once the stream ended. Events that end without `Done` or
+    /// `Failed` (the engine thread stopped on a panic and dropped the request) end with a
+    /// `Failed` naming the panic.
     pub async fn next(&mut self) -> Option<Event> {
         if self.finished {
             return None;
         }
-        let e = self.rx.recv().await;
-        if matches!(e, None | Some(Event::Done(_)) | Some(Event::Failed(_))) {
+        let e = self.rx.recv().await.unwrap_or_else(|| {
+            let why = self
+                .served
+                .service
+                .failure()
+                .unwrap_or("the engine thread ended without answering");
+            Event::Failed(RuntimeError::new(RuntimeErrorKind::EngineFailed(
+                why.to_string(),
+            )))
+        });
+        if matches!(e, Event::Done(_) | Event::Failed(_)) {
             self.finished = true;
         }
-        e
+        Some(e)
     }
 
     /// Wait for admission: the prompt's token count and how much of it was cached; a refusal
@@ -84,7 +98,7 @@ impl Submission {
             }) => Ok((prompt_tokens, cached_tokens)),
             Some(Event::Failed(e)) => Err(e.into()),
             Some(_) => Err(ApiError::internal("events out of order")),
-            None => Err(ApiError::unavailable("the engine stopped")),
+            None => Err(ApiError::internal("events after the end")),
         }
     }
 }
@@ -504,16 +518,9 @@ fn event_stream(
                             ended = true;
                         }
                         Some(Event::Admitted { .. } | Event::Embedding(_)) => {}
-                        None => {
-                            queue.push_back(
-                                SseEvent::default().data(
-                                    ApiError::unavailable("the engine stopped")
-                                        .body()
-                                        .to_string(),
-                                ),
-                            );
-                            ended = true;
-                        }
+                        // After `Done` or `Failed` (`Submission::next` ends every stream
+                        // with one), nothing more comes.
+                        None => ended = true,
                     }
                 }
             }

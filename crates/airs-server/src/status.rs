@@ -180,6 +180,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     let mut out = String::new();
     family(
         &mut out,
+        "airs_engine_failures_total",
+        "counter",
+        "Engine threads found stopped by a panic (each model then loaded again).",
+        &[(String::new(), state.models.engine_failures() as f64)],
+    );
+    family(
+        &mut out,
         "airs_requests_running",
         "gauge",
         "Sequences running (decoding or prefilling).",
