@@ -41,8 +41,9 @@
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
 //! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that reads
 //! f16/f32 K columns and f16/f32/q8_0 V rows straight from the cache into 512-bit registers,
-//! four query heads per pass (q8_0 K: [`crate::kv_q8`]'s kernels) — bit-identical results in
-//! every build (tested). The next run is prefetched
+//! four query heads per pass (q8_0 K: [`crate::kv_q8`]'s kernels); on aarch64 (the Pi) the
+//! portable build converts f16 values 8 at a time with NEON's `fcvtl`/`fcvtn` — bit-identical
+//! results in every build (tested, the aarch64 ones under qemu). The next run is prefetched
 //! while one is computed (a paged cache's runs each start a new page). Measured single-thread
 //! with `cargo bench -p airs-engine --bench attention` (one decode query against 2048 cached
 //! positions, f16): BENCHMARKS.md.
@@ -251,7 +252,10 @@ fn round_f16(x: f32) -> f32 {
 /// bits). `X86_SIMD` may only be true inside [`attend_runs_avx2`].
 #[inline(always)]
 fn round_f16_scaled<const X86_SIMD: bool>(x: &mut [f32], scale: f32) {
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if X86_SIMD {
@@ -271,8 +275,91 @@ fn round_f16_scaled<const X86_SIMD: bool>(x: &mut [f32], scale: f32) {
             done += 8;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        done += neon_f16::round_scaled(x, scale);
+    }
     for v in &mut x[done..] {
         *v = round_f16(*v * scale);
+    }
+}
+
+/// f16 conversions by NEON's `fcvtl` and `fcvtn`, 8 values at a time (base ARMv8 Advanced
+/// SIMD, so every aarch64 CPU; stable Rust has no intrinsic for them yet, hence the assembly):
+/// the same bits as [`f16_to_f32`] (exact) and, for finite values, [`f32_to_f16`] (round to
+/// nearest even; Linux starts processes with FPCR's flush-to-zero off). The portable
+/// conversions take about ten vector operations for every four values.
+#[cfg(target_arch = "aarch64")]
+mod neon_f16 {
+    use std::arch::aarch64::{float32x4_t, uint16x8_t, vld1q_f32, vld1q_u16, vmulq_n_f32};
+    use std::arch::aarch64::{vst1q_f32, vst1q_u16};
+    use std::arch::asm;
+
+    /// 8 halves → 8 floats.
+    #[inline(always)]
+    fn widen8(h: uint16x8_t) -> [float32x4_t; 2] {
+        let (lo, hi): (float32x4_t, float32x4_t);
+        // SAFETY: `fcvtl`/`fcvtl2` read and write vector registers only (NEON is part of the
+        // aarch64 baseline); `out` operands never share the input's register.
+        unsafe {
+            asm!(
+                "fcvtl {lo:v}.4s, {h:v}.4h",
+                "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                h = in(vreg) h,
+                lo = out(vreg) lo,
+                hi = out(vreg) hi,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        [lo, hi]
+    }
+
+    /// `out[i] = f16_to_f32(src[2i], src[2i + 1])` for the first `8 · ⌊out.len() / 8⌋` values
+    /// (`src` holds at least as many halves); returns how many.
+    #[inline(always)]
+    pub(super) fn widen(src: &[u8], out: &mut [f32]) -> usize {
+        let mut done = 0;
+        for (o, b) in out.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+            // SAFETY: the load reads the 16 bytes of `b`, the stores write the 8 floats of `o`.
+            unsafe {
+                let [lo, hi] = widen8(vld1q_u16(b.as_ptr().cast()));
+                vst1q_f32(o.as_mut_ptr(), lo);
+                vst1q_f32(o[4..].as_mut_ptr(), hi);
+            }
+            done += 8;
+        }
+        done
+    }
+
+    /// `x[i] = round_f16(x[i] · scale)` for the first `8 · ⌊x.len() / 8⌋` values; returns how
+    /// many.
+    #[inline(always)]
+    pub(super) fn round_scaled(x: &mut [f32], scale: f32) -> usize {
+        let mut done = 0;
+        for c in x.chunks_exact_mut(8) {
+            let mut h = [0u16; 8];
+            // SAFETY: the loads read the 8 floats of `c`, the stores write the 8 halves of `h`
+            // and the 8 floats of `c`; `fcvtn`/`fcvtn2` touch registers only (see `widen8`).
+            unsafe {
+                let lo = vmulq_n_f32(vld1q_f32(c.as_ptr()), scale);
+                let hi = vmulq_n_f32(vld1q_f32(c[4..].as_ptr()), scale);
+                let halves: uint16x8_t;
+                asm!(
+                    "fcvtn {h:v}.4h, {lo:v}.4s",
+                    "fcvtn2 {h:v}.8h, {hi:v}.4s",
+                    lo = in(vreg) lo,
+                    hi = in(vreg) hi,
+                    h = out(vreg) halves,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+                vst1q_u16(h.as_mut_ptr(), halves);
+                let [lo, hi] = widen8(halves);
+                vst1q_f32(c.as_mut_ptr(), lo);
+                vst1q_f32(c[4..].as_mut_ptr(), hi);
+            }
+            done += 8;
+        }
+        done
     }
 }
 
@@ -356,7 +443,10 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
             }
         }
         KvType::F16 => {
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+            #[cfg_attr(
+                not(any(target_arch = "x86_64", target_arch = "aarch64")),
+                allow(unused_mut)
+            )]
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
             if X86_SIMD {
@@ -374,6 +464,10 @@ fn decode_row_with<const X86_SIMD: bool>(ty: KvType, src: &[u8], out: &mut [f32]
                     }
                     done += 8;
                 }
+            }
+            #[cfg(target_arch = "aarch64")]
+            {
+                done += neon_f16::widen(src, out);
             }
             for (o, b) in out[done..].iter_mut().zip(src[2 * done..].chunks_exact(2)) {
                 *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -1402,6 +1496,54 @@ mod tests {
                 if next.is_finite() {
                     check((f + next) / 2.0);
                 }
+            }
+        }
+    }
+
+    /// NEON's conversions give the portable ones' bits: every half widened, and floats (every
+    /// half's neighbours and midpoints, scaled, and random ones) rounded to half and back.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_f16_conversions_equal_the_portable_ones() {
+        let halves: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut wide = vec![0.0f32; 1 << 16];
+        assert_eq!(neon_f16::widen(&halves, &mut wide), 1 << 16);
+        for (h, w) in (0..=u16::MAX).zip(&wide) {
+            let want = f16_to_f32(h);
+            assert!(
+                w.to_bits() == want.to_bits() || (w.is_nan() && want.is_nan()),
+                "{h:#06x}"
+            );
+        }
+        let mut floats: Vec<f32> = Vec::new();
+        for h in 0..=u16::MAX {
+            let f = f16_to_f32(h);
+            let next = f16_to_f32(h.wrapping_add(1));
+            if f.is_finite() && next.is_finite() {
+                floats.extend(
+                    [-1i32, 0, 1].map(|d| f32::from_bits(f.to_bits().wrapping_add_signed(d))),
+                );
+                floats.push((f + next) / 2.0);
+            }
+        }
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let f = f32::from_bits(x);
+            if f.is_finite() {
+                floats.push(f);
+            }
+        }
+        floats.retain(|f| f.is_finite());
+        floats.truncate(floats.len() / 8 * 8);
+        for scale in [1.0f32, 0.125, 3.0] {
+            let mut got = floats.clone();
+            assert_eq!(neon_f16::round_scaled(&mut got, scale), floats.len());
+            for (f, g) in floats.iter().zip(&got) {
+                let want = round_f16(f * scale);
+                assert_eq!(g.to_bits(), want.to_bits(), "{f:e} · {scale}");
             }
         }
     }
