@@ -109,6 +109,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "this device has no model pool: give --remote URL (or --model-pool SIZE to serve \
          locally anyway)"
     );
+    // A file that cannot be served is an error now, not a 503 at its first request.
+    for path in &args.models {
+        airs_runtime::LoadedModel::check_file(path)
+            .with_context(|| format!("--model {}", path.display()))?;
+    }
     let specs: Vec<ModelSpec> = if args.models.is_empty() {
         vec![ModelSpec::embedded()]
     } else {

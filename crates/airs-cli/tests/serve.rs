@@ -703,3 +703,46 @@ fn cors_admits_localhost_origins_only() {
         );
     }
 }
+
+/// `airs serve` started for a model it cannot serve exits with an error naming why, instead
+/// of listening and answering 503 forever: a missing file and a file that is not GGUF before
+/// it listens, a model the model pool cannot hold once its load fails.
+#[test]
+fn a_model_that_cannot_be_served_is_an_error_at_start() {
+    let _serial = serial();
+    let dir = temp_dir("unservable");
+    let not_gguf = dir.join("notes.gguf");
+    std::fs::write(&not_gguf, b"these are notes, not a model").unwrap();
+    let missing = dir.join("missing.gguf");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--model", missing.to_str().unwrap()],
+            "No such file or directory",
+        ),
+        (&["--model", not_gguf.to_str().unwrap()], "not a GGUF file"),
+        (
+            &["--model-pool", "200K", "--model", &stories()],
+            "but the model pool holds",
+        ),
+    ];
+    for (args, why) in cases {
+        let started = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_airs"))
+            .args(["serve", "--port", "0", "--threads", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("airs: error:") && last.contains(why),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+}

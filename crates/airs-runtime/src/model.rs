@@ -180,6 +180,17 @@ impl LoadedModel {
         }
     }
 
+    /// Whether the GGUF file at `path` is one airs can run — it opens, parses, and names an
+    /// architecture, hyperparameters and tensors airs runs — reading its header (and norm
+    /// vectors) only: what a front end checks before it promises to serve a file. Its shape.
+    pub fn check_file(path: &Path) -> Result<ModelShape> {
+        let image: Arc<dyn ModelImage> =
+            Arc::new(MappedFile::open(path).map_err(|e| engine_err(EngineErrorKind::Io(e)))?);
+        airs_engine::image::load_model(Arc::clone(&image))?;
+        let gguf = airs_gguf::Gguf::parse(image.bytes()).map_err(EngineError::from)?;
+        Ok(ModelShape::from_gguf(&gguf)?)
+    }
+
     /// Map the GGUF file at `path` read-only and build the model over it, its weights charged
     /// to a new account without a limit (see the module documentation).
     pub fn open(path: &Path, threads: usize) -> Result<LoadedModel> {

@@ -225,7 +225,9 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serve `state` on `listener` until `shutdown` resolves; then stop accepting, give running
-/// requests the grace period, cancel the rest, and return.
+/// requests the grace period, cancel the rest, and return. If the first model cannot be
+/// loaded, the server shuts down the same way and returns that error: it was started to
+/// serve that model.
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
@@ -233,19 +235,28 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     // The first model loads in the background; `/health` answers 503 until it is ready.
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     let starting = {
         let state = state.clone();
         tokio::spawn(async move {
             if let Err(e) = state.models.start().await {
                 tracing::error!("{}", e.message);
+                let _ = failed_tx.send(e.message);
             }
         })
     };
+    let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let draining = {
         let state = state.clone();
+        let failure = Arc::clone(&failure);
         tokio::spawn(async move {
-            shutdown.await;
+            tokio::select! {
+                _ = shutdown => {}
+                Ok(message) = failed_rx => {
+                    *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+                }
+            }
             state.shutting_down.store(true, Ordering::Release);
             tracing::info!(
                 grace_s = state.config.grace.as_secs_f64(),
@@ -267,5 +278,8 @@ pub async fn serve(
         .await?;
     let _ = draining.await;
     starting.abort();
-    Ok(())
+    match failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        Some(message) => Err(std::io::Error::other(message)),
+        None => Ok(()),
+    }
 }
