@@ -93,8 +93,9 @@ impl DraftArgs {
 /// The generation flags `airs run` and `airs session` share.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Most tokens to generate.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    /// Most tokens to generate (at least 1).
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
