@@ -11,7 +11,7 @@ use airs_engine::KvType;
 use airs_runtime::fit::parse_size;
 use airs_server::models::{ModelSpec, Models, ServingConfig};
 use airs_server::remote::Remote;
-use airs_server::{AppState, ServerConfig};
+use airs_server::{AppState, ConnectionLimits, ServerConfig};
 use anyhow::Context;
 
 use crate::model_file::{LoaderArgs, default_threads};
@@ -67,6 +67,15 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
+    /// Connections open at once; more wait to be accepted (the open-file limit is raised to
+    /// hold them where it can be).
+    #[arg(long, default_value_t = 512,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+    /// Seconds a connection may take to send a request head (after it opens, or between
+    /// requests when kept alive) before it is closed.
+    #[arg(long, default_value_t = 30.0)]
+    pub header_timeout: f64,
     /// Worker threads of each model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -139,11 +148,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .transpose()
         .map_err(anyhow::Error::msg)?;
     anyhow::ensure!(args.grace >= 0.0, "--grace must not be negative");
+    anyhow::ensure!(
+        args.header_timeout > 0.0 && args.header_timeout.is_finite(),
+        "--header-timeout must be a positive number of seconds"
+    );
     let config = ServerConfig {
         api_key: args.api_key.clone(),
         cors_origins: args.cors_origins.clone(),
         max_body_bytes: args.max_body as usize,
         grace: Duration::from_secs_f64(args.grace),
+        connections: ConnectionLimits {
+            max_connections: connections_within_file_limit(args.max_connections),
+            header_timeout: Duration::from_secs_f64(args.header_timeout),
+        },
     };
     let state = AppState::new(Models::new(registry, specs, serving), remote, config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -179,4 +196,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// Descriptors kept for everything but connections: the model files, the session database,
+/// the standard streams, the loader's userfaultfd and eventfds.
+const OTHER_FILES: u64 = 64;
+
+/// `wanted` connections, after raising the open-file limit's soft value toward its hard one
+/// to hold them (as Go's runtime does at start); fewer, with a warning, if the hard limit
+/// does not allow them.
+fn connections_within_file_limit(wanted: usize) -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let need = wanted as u64 + OTHER_FILES;
+    let mut current = limit.current.unwrap_or(u64::MAX);
+    if current < need {
+        let raised = limit.maximum.map_or(need, |max| max.min(need));
+        let mut new = limit;
+        new.current = Some(raised);
+        if setrlimit(Resource::Nofile, new).is_ok() {
+            current = raised;
+        }
+    }
+    let fits = current.saturating_sub(OTHER_FILES).max(1) as usize;
+    if fits < wanted {
+        tracing::warn!(
+            "--max-connections {wanted} needs {need} open files but the limit is {current} \
+             (ulimit -n): serving at most {fits} connections"
+        );
+    }
+    fits.min(wanted)
 }

@@ -533,7 +533,20 @@ fn the_pool_page_draws_the_live_pool_in_chromium() {
         let (status, out) = http(&server.addr, "POST", "/v1/chat/completions", Some(&body));
         assert_eq!(status, 200, "{out}");
     }
-    let pool = server.json("/v1/pool");
+    // `/v1/pool` is the engine's snapshot after its last step: the second reply may reach us
+    // before the snapshot that holds its session.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pool = loop {
+        let pool = server.json("/v1/pool");
+        if pool["models"][0]["kv"]["holders"]
+            .as_array()
+            .is_some_and(|h| h.len() == 2)
+            || Instant::now() > deadline
+        {
+            break pool;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let total: u64 = pool["models"]
         .as_array()
         .unwrap()
@@ -744,5 +757,56 @@ fn a_model_that_cannot_be_served_is_an_error_at_start() {
             "{args:?} took {:?}",
             started.elapsed()
         );
+    }
+}
+
+/// Connections that send nothing cannot hold the server: beyond `--max-connections` new ones
+/// wait to be accepted, and a connection whose request head has not come within
+/// `--header-timeout` is closed, which lets the waiting ones in. A kept-alive connection used
+/// more often than that stays open across several timeouts' worth of time.
+#[test]
+fn idle_connections_are_closed_and_cannot_starve_the_server() {
+    let _serial = serial();
+    let server = Server::start(&["--max-connections", "4", "--header-timeout", "1"]);
+    // More idle connections than the server holds (the rest wait in the backlog).
+    let opened = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..10)
+        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, body) = server.get("/health");
+    let answered = opened.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        answered >= Duration::from_millis(900) && answered < Duration::from_secs(6),
+        "a new client was answered after {answered:?}: it should wait for the idle ones' \
+         header timeout (1 s), and no longer"
+    );
+    // The idle connections were closed by the server (end of stream, nothing sent).
+    for (i, s) in idle.iter_mut().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "idle connection {i} got {:?}", &buf[..n]);
+    }
+    // One kept-alive connection, a request every 0.4 s for 2 s: never closed under it.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for i in 0..5 {
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"}") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "request {i}: the kept-alive connection was closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        std::thread::sleep(Duration::from_millis(400));
     }
 }

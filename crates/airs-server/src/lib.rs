@@ -21,6 +21,7 @@
 //!
 //! Cost: per request, a parse and a channel; the engine's cost is the runtime's.
 
+pub mod connections;
 pub mod error;
 pub mod models;
 pub mod openai;
@@ -43,6 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+pub use crate::connections::ConnectionLimits;
 use crate::error::ApiError;
 use crate::models::Models;
 use crate::remote::Remote;
@@ -59,6 +61,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long running requests may finish after a shutdown starts.
     pub grace: Duration,
+    /// Connections open at once, and the longest wait for a request head.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +72,7 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             grace: Duration::from_secs(10),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -271,11 +276,10 @@ pub async fn serve(
             tracing::info!(finished, cancelled, "engines stopped");
         })
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = stopped_rx.await;
-        })
-        .await?;
+    connections::serve(listener, app, state.config.connections, async {
+        let _ = stopped_rx.await;
+    })
+    .await;
     let _ = draining.await;
     starting.abort();
     match failure.lock().unwrap_or_else(|e| e.into_inner()).take() {

@@ -1,0 +1,105 @@
+//! Connections: accepted up to a limit, each request head read within a timeout, streamed
+//! without Nagle's delay, and closed gracefully at shutdown.
+//!
+//! Why not `axum::serve`: it accepts without limit and reads request heads without a
+//! deadline, so clients that open connections and send nothing (a leaking client, a slow or
+//! hostile one when the server listens beyond localhost) hold them forever; once the process
+//! runs out of file descriptors (1024 by default on Raspberry Pi OS) nobody else is answered.
+//! Here a connection needs one of [`ConnectionLimits::max_connections`] permits, taken before
+//! `accept` (beyond it, new clients wait in the kernel's backlog instead of costing
+//! descriptors), and hyper closes a connection whose next request head has not arrived within
+//! [`ConnectionLimits::header_timeout`] — idle keep-alive connections included, as uvicorn's
+//! and nginx's keep-alive timeouts do — which frees its permit. A request being answered is
+//! never cut: the timeout runs only while a head is awaited. `TCP_NODELAY` is set on every
+//! connection: streamed tokens are small writes that Nagle's algorithm would hold back until
+//! the previous one is acknowledged.
+//!
+//! Shutdown: the listener closes, every connection finishes the request it is serving (the
+//! models' grace period bounds that) and closes; idle ones close at once.
+//!
+//! Cost: a semaphore permit and a spawned task per connection; a timer per awaited head.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Limits on the server's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// Longest wait for a request head (after a connection opens, or between requests on a
+    /// kept-alive one) before the connection is closed.
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: 512,
+            header_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serve `app` on the connections `listener` accepts, within `limits`, until `stop`
+/// resolves; then stop accepting and return once every connection has closed.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stop: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => {
+                permit.expect("the semaphore is never closed")
+            }
+            () = &mut stop => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or memory: wait for connections to close.
+                    // A connection reset before it was accepted is no error of ours.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    ) {
+                        tracing::warn!("accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
