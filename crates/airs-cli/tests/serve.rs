@@ -810,3 +810,56 @@ fn idle_connections_are_closed_and_cannot_starve_the_server() {
         std::thread::sleep(Duration::from_millis(400));
     }
 }
+
+/// A client that stops reading a long stream cannot keep the server from exiting after
+/// SIGTERM: past the grace period and a few seconds more, its connection is dropped and the
+/// server exits 0.
+#[test]
+fn a_client_that_stops_reading_does_not_hold_the_shutdown() {
+    use std::os::fd::AsRawFd;
+    let _serial = serial();
+    let mut server = Server::start(&["--grace", "1"]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let small: libc::c_int = 4096;
+    // SAFETY: setsockopt(2) on an open socket with a pointer to a live c_int and its size.
+    let set = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_RCVBUF");
+    // Far more than the socket buffers hold: 16 choices of 500 tokens, each token with 20
+    // alternatives.
+    let body = r#"{"model": "stories260K", "stream": true, "max_tokens": 500, "n": 16,
+        "logprobs": true, "top_logprobs": 20, "ignore_eos": true, "temperature": 0.8,
+        "messages": [{"role": "user", "content": "Tell me a story."}]}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut first = [0u8; 16];
+    s.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"), "{first:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let asked = Instant::now();
+    let status = server.sigterm();
+    let took = asked.elapsed();
+    assert!(status.success(), "{status:?}\n{}", server.log());
+    assert!(
+        took < Duration::from_secs(15),
+        "exited {took:?} after SIGTERM\n{}",
+        server.log()
+    );
+    assert!(
+        server.log().contains("connections still open"),
+        "the stalled connection was not the one held: {}",
+        server.log()
+    );
+    drop(s);
+}

@@ -15,7 +15,9 @@
 //! the previous one is acknowledged.
 //!
 //! Shutdown: the listener closes, every connection finishes the request it is serving (the
-//! models' grace period bounds that) and closes; idle ones close at once.
+//! models' grace period bounds that) and closes; idle ones close at once. A connection whose
+//! client stopped reading cannot finish, so the wait is bounded too (`drain`): past it the
+//! server returns and its runtime drops what is left.
 //!
 //! Cost: a semaphore permit and a spawned task per connection; a timer per awaited head.
 
@@ -50,12 +52,14 @@ impl Default for ConnectionLimits {
 }
 
 /// Serve `app` on the connections `listener` accepts, within `limits`, until `stop`
-/// resolves; then stop accepting and return once every connection has closed.
+/// resolves; then stop accepting and return once every connection has closed, or after
+/// `drain` at the latest.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
     stop: impl Future<Output = ()>,
+    drain: Duration,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
@@ -101,5 +105,10 @@ pub(crate) async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open {drain:?} after the shutdown began: closing them");
+    }
 }

@@ -276,9 +276,18 @@ pub async fn serve(
             tracing::info!(finished, cancelled, "engines stopped");
         })
     };
-    connections::serve(listener, app, state.config.connections, async {
-        let _ = stopped_rx.await;
-    })
+    // Requests get the grace period, then are cancelled and end their responses; a client
+    // that stopped reading gets a few seconds more before its connection is dropped.
+    let drain = state.config.grace + Duration::from_secs(5);
+    connections::serve(
+        listener,
+        app,
+        state.config.connections,
+        async {
+            let _ = stopped_rx.await;
+        },
+        drain,
+    )
     .await;
     let _ = draining.await;
     starting.abort();
