@@ -72,10 +72,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 512,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: usize,
-    /// Seconds a connection may take to send a request head (after it opens, or between
-    /// requests when kept alive) before it is closed.
+    /// Seconds a connection may stay silent while a request head (after it opens, or between
+    /// requests when kept alive) or the next piece of a request body is due, before it is
+    /// closed.
     #[arg(long, default_value_t = 30.0)]
-    pub header_timeout: f64,
+    pub read_timeout: f64,
     /// Worker threads of each model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -149,8 +150,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     anyhow::ensure!(args.grace >= 0.0, "--grace must not be negative");
     anyhow::ensure!(
-        args.header_timeout > 0.0 && args.header_timeout.is_finite(),
-        "--header-timeout must be a positive number of seconds"
+        args.read_timeout > 0.0 && args.read_timeout.is_finite(),
+        "--read-timeout must be a positive number of seconds"
     );
     let config = ServerConfig {
         api_key: args.api_key.clone(),
@@ -159,7 +160,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         grace: Duration::from_secs_f64(args.grace),
         connections: ConnectionLimits {
             max_connections: connections_within_file_limit(args.max_connections),
-            header_timeout: Duration::from_secs_f64(args.header_timeout),
+            read_timeout: Duration::from_secs_f64(args.read_timeout),
         },
     };
     let state = AppState::new(Models::new(registry, specs, serving), remote, config);

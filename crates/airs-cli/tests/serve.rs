@@ -762,12 +762,13 @@ fn a_model_that_cannot_be_served_is_an_error_at_start() {
 
 /// Connections that send nothing cannot hold the server: beyond `--max-connections` new ones
 /// wait to be accepted, and a connection whose request head has not come within
-/// `--header-timeout` is closed, which lets the waiting ones in. A kept-alive connection used
-/// more often than that stays open across several timeouts' worth of time.
+/// `--read-timeout` is closed, which lets the waiting ones in. A kept-alive connection used
+/// more often than that stays open across several timeouts' worth of time. A request body
+/// that stalls as long fails.
 #[test]
 fn idle_connections_are_closed_and_cannot_starve_the_server() {
     let _serial = serial();
-    let server = Server::start(&["--max-connections", "4", "--header-timeout", "1"]);
+    let server = Server::start(&["--max-connections", "4", "--read-timeout", "1"]);
     // More idle connections than the server holds (the rest wait in the backlog).
     let opened = Instant::now();
     let mut idle: Vec<TcpStream> = (0..10)
@@ -809,6 +810,28 @@ fn idle_connections_are_closed_and_cannot_starve_the_server() {
         );
         std::thread::sleep(Duration::from_millis(400));
     }
+    // A body that stalls: the request fails with 400 after the timeout, and the connection
+    // is closed.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"model\": ",
+    )
+    .unwrap();
+    let stalled = Instant::now();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 400") && out.contains("reading the request body"),
+        "{out}"
+    );
+    assert!(
+        stalled.elapsed() >= Duration::from_millis(900)
+            && stalled.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        stalled.elapsed()
+    );
 }
 
 /// A client that stops reading a long stream cannot keep the server from exiting after

@@ -8,9 +8,10 @@
 //! Here a connection needs one of [`ConnectionLimits::max_connections`] permits, taken before
 //! `accept` (beyond it, new clients wait in the kernel's backlog instead of costing
 //! descriptors), and hyper closes a connection whose next request head has not arrived within
-//! [`ConnectionLimits::header_timeout`] — idle keep-alive connections included, as uvicorn's
-//! and nginx's keep-alive timeouts do — which frees its permit. A request being answered is
-//! never cut: the timeout runs only while a head is awaited. `TCP_NODELAY` is set on every
+//! [`ConnectionLimits::read_timeout`] — idle keep-alive connections included, as uvicorn's
+//! and nginx's keep-alive timeouts do — which frees its permit; a request body that stalls as
+//! long fails the request (400) and closes the connection. A request being answered is never
+//! cut: the timeout runs only while the client is to send something. `TCP_NODELAY` is set on every
 //! connection: streamed tokens are small writes that Nagle's algorithm would hold back until
 //! the previous one is acknowledged.
 //!
@@ -26,11 +27,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower_http::timeout::TimeoutBody;
 
 /// Limits on the server's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +43,16 @@ pub struct ConnectionLimits {
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
     /// Longest wait for a request head (after a connection opens, or between requests on a
-    /// kept-alive one) before the connection is closed.
-    pub header_timeout: Duration,
+    /// kept-alive one) before the connection is closed, and for each piece of a request's
+    /// body before the request fails (400) and its connection is closed.
+    pub read_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> ConnectionLimits {
         ConnectionLimits {
             max_connections: 512,
-            header_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -92,10 +98,17 @@ pub(crate) async fn serve(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY: {e}");
         }
+        // Each request's body read with the same patience as its head.
+        let read_timeout = limits.read_timeout;
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |request: Request<Incoming>| {
+                request.map(|body| Body::new(TimeoutBody::new(read_timeout, body)))
+            })
+            .service(app.clone());
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            .header_read_timeout(read_timeout)
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
