@@ -3,7 +3,9 @@
 //! HTTP only: OpenAI types and their parsing ([`openai`]), server-sent events and answers
 //! ([`routes`]), errors as statuses ([`error`]), the models served and loaded on demand
 //! ([`models`]), authentication, CORS and limits (here), metrics, `/v1/pool` and the pool page
-//! ([`status`]), and the remote route ([`remote`]). The engine runs on its own threads (one per
+//! ([`status`]), the remote route ([`remote`]), and the connections themselves, limited in
+//! number and in how long a silent client is waited for ([`connections`]). The engine runs on
+//! its own threads (one per
 //! loaded model, [`airs_runtime::service::Service`]); handlers submit requests and read events,
 //! and never run or wait for the engine.
 //!
@@ -15,9 +17,11 @@
 //! endpoint but `/health` and the (data-free) page needs `Authorization: Bearer <key>`; CORS
 //! admits only localhost origins unless others are configured; bodies are limited (4 MiB by
 //! default: 413 beyond); each model's queue is bounded (429 beyond); a client that disconnects
-//! cancels its request; on shutdown the server stops accepting, lets running requests finish
-//! within a grace period, cancels the rest, and returns (every completed session turn was
-//! committed when it completed).
+//! cancels its request; connections are limited in number and closed when their client is
+//! silent too long; an engine that panics fails its requests (503) and its model is loaded
+//! again; on shutdown the server stops accepting, lets running requests finish within a grace
+//! period, cancels the rest, and returns (every completed session turn was committed when it
+//! completed).
 //!
 //! Cost: per request, a parse and a channel; the engine's cost is the runtime's.
 
@@ -61,7 +65,7 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long running requests may finish after a shutdown starts.
     pub grace: Duration,
-    /// Connections open at once, and the longest wait for a request head.
+    /// Connections open at once, and how long a silent client is waited for.
     pub connections: ConnectionLimits,
 }
 
