@@ -138,8 +138,13 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
         SyncMode::Full => Durability::Full,
         SyncMode::Normal => Durability::Normal,
     };
-    let store = HistoryStore::open(&args.db, durability)
-        .with_context(|| format!("opening {}", args.db.display()))?;
+    // `--show` only reads: it needs no writer lock, so it works while a server writes.
+    let store = if args.show {
+        HistoryStore::open_reader(&args.db)
+    } else {
+        HistoryStore::open(&args.db, durability)
+    }
+    .with_context(|| format!("opening {}", args.db.display()))?;
     let mut out = std::io::stdout().lock();
     if args.show {
         let messages = stored_history(&store, &args.session)?;

@@ -886,3 +886,42 @@ fn a_client_that_stops_reading_does_not_hold_the_shutdown() {
     );
     drop(s);
 }
+
+/// One process writes a session database: a second server on it exits with an error naming
+/// why (it would interleave turns of the same sessions), while `airs session --show` reads the
+/// first server's committed turns.
+#[test]
+fn a_second_server_on_one_session_database_is_refused() {
+    let _serial = serial();
+    let dir = temp_dir("onedb");
+    let db = dir.join("h.db");
+    let server = Server::start(&["--model", &stories(), "--db", db.to_str().unwrap()]);
+    let body = r#"{"model": "stories260K", "session": "ann", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": "Once upon a time"}]}"#;
+    let (status, out) = http(&server.addr, "POST", "/v1/chat/completions", Some(body));
+    assert_eq!(status, 200, "{out}");
+    let second = Command::new(env!("CARGO_BIN_EXE_airs"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--model",
+            &stories(),
+            "--db",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is in use by another airs process"),
+        "{stderr}"
+    );
+    let messages = history(&db, "ann");
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["content"], "Once upon a time");
+    drop(server);
+}

@@ -19,6 +19,13 @@ pub enum RuntimeErrorKind {
     #[error("history store: {0}")]
     // The message includes the cause; not also a `source` (printed chains would repeat it).
     Store(rusqlite::Error),
+    /// Another process writes to the history database (its writer lock, `<db>-lock`, is
+    /// held): two writers would interleave turns of the same sessions.
+    #[error(
+        "the session database {0} is in use by another airs process (only one may write to it; \
+         `airs session --show` reads it while that one runs)"
+    )]
+    StoreInUse(String),
     /// The database holds something this runtime cannot use (wrong schema version, a history
     /// that does not add up).
     #[error("history store is inconsistent: {0}")]
@@ -142,7 +149,7 @@ impl RuntimeError {
                 | EngineErrorKind::ModelPool(_) => ErrorClass::Unavailable,
                 _ => ErrorClass::Internal,
             },
-            K::Store(_) | K::Corrupt(_) | K::Workload(_) => ErrorClass::Internal,
+            K::Store(_) | K::StoreInUse(_) | K::Corrupt(_) | K::Workload(_) => ErrorClass::Internal,
         }
     }
 

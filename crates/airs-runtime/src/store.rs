@@ -27,16 +27,26 @@
 //!   `passes` held forward-pass lengths when rebuilding had to replay them; it is written empty
 //!   and ignored on reading (kept so databases stay at version 1).
 //!
+//! One writer process: [`HistoryStore::open`] takes the database's writer lock, an exclusive
+//! `flock` on the sidecar file `<db>-lock` that the process holds while any of its stores of
+//! that database is open (a server opens one per model). A second process that opens it to
+//! write gets [`RuntimeErrorKind::StoreInUse`] instead of interleaving turns with the first
+//! (two servers on one database gave the same new session to both and then failed commits on
+//! duplicate rows). Readers ([`HistoryStore::open_reader`], `airs session --show`) take no
+//! lock: WAL lets them read while the writer runs. The lock is the kernel's, so a killed
+//! process leaves none behind.
+//!
 //! Cost: a turn is one transaction of two inserts; loading a session reads its messages once.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use airs_memory::eviction::{Priority, SessionId};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -190,6 +200,72 @@ type SessionRow = (i64, String, String, String, String, Option<Vec<u8>>, i64);
 pub struct HistoryStore {
     conn: Connection,
     durability: Durability,
+    /// The database's writer lock, shared by this process's stores of it (`None`: a reader,
+    /// or a database in memory).
+    _writer: Option<Arc<WriterLock>>,
+}
+
+/// An exclusive `flock` on a database's `<db>-lock` file, held while the file is open.
+#[derive(Debug)]
+struct WriterLock {
+    _file: std::fs::File,
+}
+
+/// This process's writer locks by database path: the stores of one database share one lock
+/// (a second `flock` from this process on another descriptor would refuse it).
+static WRITER_LOCKS: Mutex<Vec<(PathBuf, Weak<WriterLock>)>> = Mutex::new(Vec::new());
+
+impl WriterLock {
+    /// The writer lock of the database at `path`, taken for this process, or shared with the
+    /// stores of this process that hold it.
+    fn take(path: &Path) -> Result<Arc<WriterLock>> {
+        // The path as the kernel resolves it, so two spellings of one file share a lock.
+        let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(p) => p.canonicalize(),
+            None => std::env::current_dir(),
+        }
+        .map_err(|e| RuntimeError::invalid(format!("{}: {e}", path.display())))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| RuntimeError::invalid(format!("{}: not a file", path.display())))?;
+        let key = dir.join(name);
+        let mut locks = WRITER_LOCKS.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|(_, l)| l.strong_count() > 0);
+        if let Some(lock) = locks
+            .iter()
+            .find(|(p, _)| *p == key)
+            .and_then(|(_, l)| l.upgrade())
+        {
+            return Ok(lock);
+        }
+        let mut lock_path = key.clone().into_os_string();
+        lock_path.push("-lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                RuntimeError::invalid(format!("{}: {e}", PathBuf::from(&lock_path).display()))
+            })?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(RuntimeError::new(RuntimeErrorKind::StoreInUse(
+                    path.display().to_string(),
+                )));
+            }
+            Err(e) => {
+                return Err(RuntimeError::invalid(format!(
+                    "locking {}: {e}",
+                    PathBuf::from(&lock_path).display()
+                )));
+            }
+        }
+        let lock = Arc::new(WriterLock { _file: file });
+        locks.push((key, Arc::downgrade(&lock)));
+        Ok(lock)
+    }
 }
 
 fn now_ms() -> i64 {
@@ -215,16 +291,28 @@ fn blob_to_u32s(b: &[u8]) -> Result<Vec<u32>> {
 
 impl HistoryStore {
     /// Open (creating if needed) the database at `path`, in WAL mode with `durability`.
+    /// Takes the database's writer lock first (see the module documentation).
     pub fn open(path: &Path, durability: Durability) -> Result<HistoryStore> {
-        HistoryStore::init(Connection::open(path)?, durability)
+        let writer = WriterLock::take(path)?;
+        HistoryStore::init(Connection::open(path)?, durability, Some(writer))
+    }
+
+    /// Open the database at `path` to read it, without the writer lock: while another process
+    /// writes to it, this one sees every committed turn.
+    pub fn open_reader(path: &Path) -> Result<HistoryStore> {
+        HistoryStore::init(Connection::open(path)?, Durability::Full, None)
     }
 
     /// A database in memory (tests, benchmarks): nothing survives the process.
     pub fn open_in_memory() -> Result<HistoryStore> {
-        HistoryStore::init(Connection::open_in_memory()?, Durability::Normal)
+        HistoryStore::init(Connection::open_in_memory()?, Durability::Normal, None)
     }
 
-    fn init(conn: Connection, durability: Durability) -> Result<HistoryStore> {
+    fn init(
+        conn: Connection,
+        durability: Durability,
+        writer: Option<Arc<WriterLock>>,
+    ) -> Result<HistoryStore> {
         // WAL lets readers (e.g. `airs session --show`) see committed turns while a writer runs.
         let _mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.execute_batch(match durability {
@@ -277,7 +365,11 @@ impl HistoryStore {
                 )));
             }
         }
-        Ok(HistoryStore { conn, durability })
+        Ok(HistoryStore {
+            conn,
+            durability,
+            _writer: writer,
+        })
     }
 
     pub fn durability(&self) -> Durability {

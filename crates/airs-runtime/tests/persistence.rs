@@ -18,8 +18,8 @@ use std::sync::Arc;
 use airs_engine::SamplerConfig;
 use airs_memory::PinPolicy;
 use airs_runtime::{
-    Durability, GenerationParams, HistoryStore, LoadedModel, Request, Role, Scheduler,
-    SchedulerConfig, SessionTurn,
+    Durability, GenerationParams, HistoryStore, LoadedModel, Request, Role, RuntimeErrorKind,
+    Scheduler, SchedulerConfig, SessionTurn,
 };
 
 const TURNS: [&str; 6] = [
@@ -186,4 +186,59 @@ fn sigkill_mid_conversation_loses_no_acknowledged_turn() {
         assert_eq!(got, want, "kill after {kill_after}");
         let _ = std::fs::remove_dir_all(db.parent().unwrap());
     }
+}
+
+/// The child: runs only when spawned by `one_process_writes_a_session_database`; holds the
+/// database open to write until killed.
+#[test]
+fn writer_child_process() {
+    let Some(db) = std::env::var_os("AIRS_RUNTIME_WRITER_DB") else {
+        return;
+    };
+    let _store = HistoryStore::open(Path::new(&db), Durability::Full).unwrap();
+    println!("WRITING");
+    std::thread::sleep(std::time::Duration::from_secs(120));
+}
+
+/// While one process writes to a session database, another cannot open it to write (it would
+/// interleave turns of the same sessions), but can read it; stores of one process share the
+/// lock; a killed writer leaves no lock behind.
+#[test]
+fn one_process_writes_a_session_database() {
+    let db = temp_db("writer");
+    {
+        // This process's stores of one database share its writer lock.
+        let a = HistoryStore::open(&db, Durability::Full).unwrap();
+        let b = HistoryStore::open(&db, Durability::Full).unwrap();
+        drop((a, b));
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "writer_child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("AIRS_RUNTIME_WRITER_DB", &db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("WRITING") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "the child ended");
+    }
+    let refused = HistoryStore::open(&db, Durability::Full).unwrap_err();
+    assert!(
+        matches!(refused.kind(), RuntimeErrorKind::StoreInUse(_)),
+        "{refused}"
+    );
+    let reader = HistoryStore::open_reader(&db).unwrap();
+    assert_eq!(reader.find_session("story").unwrap().map(|s| s.id), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    HistoryStore::open(&db, Durability::Full).expect("the killed writer's lock is gone");
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
