@@ -219,16 +219,22 @@ impl WriterLock {
     /// The writer lock of the database at `path`, taken for this process, or shared with the
     /// stores of this process that hold it.
     fn take(path: &Path) -> Result<Arc<WriterLock>> {
-        // The path as the kernel resolves it, so two spellings of one file share a lock.
-        let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(p) => p.canonicalize(),
-            None => std::env::current_dir(),
-        }
-        .map_err(|e| RuntimeError::invalid(format!("{}: {e}", path.display())))?;
-        let name = path
-            .file_name()
-            .ok_or_else(|| RuntimeError::invalid(format!("{}: not a file", path.display())))?;
-        let key = dir.join(name);
+        // The path as the kernel resolves it (symbolic links followed), so two spellings of
+        // one database share one lock file; a database not yet created, by its directory's.
+        let key = match path.canonicalize() {
+            Ok(p) => p,
+            Err(_) => {
+                let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(p) => p.canonicalize(),
+                    None => std::env::current_dir(),
+                }
+                .map_err(|e| RuntimeError::invalid(format!("{}: {e}", path.display())))?;
+                let name = path.file_name().ok_or_else(|| {
+                    RuntimeError::invalid(format!("{}: not a file", path.display()))
+                })?;
+                dir.join(name)
+            }
+        };
         let mut locks = WRITER_LOCKS.lock().unwrap_or_else(|e| e.into_inner());
         locks.retain(|(_, l)| l.strong_count() > 0);
         if let Some(lock) = locks

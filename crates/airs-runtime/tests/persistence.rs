@@ -235,6 +235,14 @@ fn one_process_writes_a_session_database() {
         matches!(refused.kind(), RuntimeErrorKind::StoreInUse(_)),
         "{refused}"
     );
+    // Also through another spelling of the same file.
+    let link = db.with_file_name("link.db");
+    std::os::unix::fs::symlink(&db, &link).unwrap();
+    let refused = HistoryStore::open(&link, Durability::Full).unwrap_err();
+    assert!(
+        matches!(refused.kind(), RuntimeErrorKind::StoreInUse(_)),
+        "{refused}"
+    );
     let reader = HistoryStore::open_reader(&db).unwrap();
     assert_eq!(reader.find_session("story").unwrap().map(|s| s.id), None);
     child.kill().unwrap();
