@@ -254,18 +254,15 @@ pub async fn serve(
             }
         })
     };
-    let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    // Returns why the server stopped when the first model's load stopped it.
     let draining = {
         let state = state.clone();
-        let failure = Arc::clone(&failure);
         tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown => {}
-                Ok(message) = failed_rx => {
-                    *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
-                }
-            }
+            let failure = tokio::select! {
+                _ = shutdown => None,
+                Ok(message) = failed_rx => Some(message),
+            };
             state.shutting_down.store(true, Ordering::Release);
             tracing::info!(
                 grace_s = state.config.grace.as_secs_f64(),
@@ -278,6 +275,7 @@ pub async fn serve(
                 .await
                 .unwrap_or((0, 0));
             tracing::info!(finished, cancelled, "engines stopped");
+            failure
         })
     };
     // Requests get the grace period, then are cancelled and end their responses; a client
@@ -293,9 +291,9 @@ pub async fn serve(
         drain,
     )
     .await;
-    let _ = draining.await;
+    let failure = draining.await.unwrap_or(None);
     starting.abort();
-    match failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    match failure {
         Some(message) => Err(std::io::Error::other(message)),
         None => Ok(()),
     }

@@ -43,24 +43,23 @@ async fn a_panicked_engine_fails_its_requests_and_the_model_is_loaded_again() {
         assert!(Instant::now() < deadline, "never healthy");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A chat request, sent.
     let chat = |stream: bool, max_tokens: u32| {
-        json!({
+        let body = json!({
             "model": "stories260K",
             "stream": stream,
             "max_tokens": max_tokens,
             "ignore_eos": true,
             "messages": [{"role": "user", "content": "Tell me a very long story."}],
-        })
+        });
+        http.post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
     };
 
     // A long stream; once it has tokens, the engine panics.
-    let mut stream = http
-        .post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(chat(true, 100_000).to_string())
-        .send()
-        .await
-        .unwrap();
+    let mut stream = chat(true, 100_000).await.unwrap();
     assert_eq!(stream.status(), 200);
     let mut body = String::new();
     while body.matches("data:").count() < 4 {
@@ -90,13 +89,7 @@ async fn a_panicked_engine_fails_its_requests_and_the_model_is_loaded_again() {
     drop(served);
 
     // The next request is answered by the model loaded again.
-    let reply = http
-        .post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(chat(false, 8).to_string())
-        .send()
-        .await
-        .unwrap();
+    let reply = chat(false, 8).await.unwrap();
     assert_eq!(reply.status(), 200);
     let reply: Value = serde_json::from_str(&reply.text().await.unwrap()).unwrap();
     assert_eq!(reply["usage"]["completion_tokens"], 8, "{reply}");

@@ -396,29 +396,38 @@ def prefix(args):
           f"{second.usage.prompt_tokens} (the first: {first.usage.prompt_tokens_details.cached_tokens})")
 
 
+def kv_once_freed(args, seconds=10):
+    """The first model's KV map once it holds no block (or when `seconds` have passed)."""
+    deadline = time.time() + seconds
+    while True:
+        kv = pool(args)["models"][0]["kv"]
+        if (kv["blocks_used"] == 0 and not kv["holders"]) or time.time() > deadline:
+            return kv
+        time.sleep(0.1)
+
+
 def disconnect(args):
     u = urllib.parse.urlparse(args.base)
-    s = socket.create_connection((u.hostname, u.port))
     body = json.dumps({"model": args.model, "stream": True, "max_tokens": 1500, "temperature": 0.8,
                        "messages": [{"role": "user", "content": "Tell me a very long story."}]})
-    hdrs = ""
-    if args.key:
-        hdrs = f"Authorization: Bearer {args.key}\r\n"
-    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"{hdrs}Content-Length: {len(body)}\r\n\r\n{body}").encode())
-    got = b""
-    while got.count(b"data:") < 6:
-        got += s.recv(4096)
+    hdrs = f"Authorization: Bearer {args.key}\r\n" if args.key else ""
+
+    def stream(events):
+        """A raw streaming request on its own socket, read until `events` data lines came."""
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"{hdrs}Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        got = b""
+        while got.count(b"data:") < events:
+            got += s.recv(4096)
+        return s
+
+    s = stream(6)
     held = pool(args)["models"][0]["kv"]
     check(held["blocks_used"] > 0 and any(h["running"] for h in held["holders"]),
           f"the stream holds blocks ({held['blocks_used']})")
     s.close()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        kv = pool(args)["models"][0]["kv"]
-        if kv["blocks_used"] == 0 and not kv["holders"]:
-            break
-        time.sleep(0.1)
+    kv = kv_once_freed(args)
     check(kv["blocks_used"] == 0 and not kv["holders"], f"disconnecting freed every block: {kv['blocks_used']} used")
     m = raw(args, "GET", "/metrics")[2].decode()
     check('airs_requests_cancelled_total{model="' + args.model + '"} 1' in m, "the request was cancelled")
@@ -429,23 +438,13 @@ def disconnect(args):
     rng = random.Random(11)
     resets = 200
     for i in range(resets):
-        s = socket.create_connection((u.hostname, u.port))
-        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   f"{hdrs}Content-Length: {len(body)}\r\n\r\n{body}").encode())
-        want, got = rng.randint(0, 8), b""
-        while got.count(b"data:") < want:
-            got += s.recv(4096)
+        s = stream(rng.randint(0, 8))
         if rng.random() < 0.5:
             pool(args)
         s.close()
         status, _, _ = raw(args, "GET", "/health")
         assert status == 200, f"after reset {i}: /health {status}"
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        kv = pool(args)["models"][0]["kv"]
-        if kv["blocks_used"] == 0 and not kv["holders"]:
-            break
-        time.sleep(0.1)
+    kv = kv_once_freed(args)
     check(kv["blocks_used"] == 0 and not kv["holders"],
           f"the server outlived {resets} clients that reset mid-stream, and freed their blocks")
 
