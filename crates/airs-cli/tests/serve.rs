@@ -760,6 +760,47 @@ fn a_model_that_cannot_be_served_is_an_error_at_start() {
     }
 }
 
+/// A prompt larger than the whole KV pool can never be served by this server: it is a 400
+/// `context_length_exceeded` with the numbers (not a 503 that clients retry), and
+/// `/v1/models` says how long a request can be. A prompt that fits is served.
+#[test]
+fn a_prompt_larger_than_the_whole_kv_pool_is_a_bad_request() {
+    let _serial = serial();
+    let server = Server::start(&["--model", &stories(), "--kv-pool", "100K"]);
+    let models = server.json("/v1/models");
+    let model = &models["data"][0];
+    let pool = model["memory"]["kv_blocks_total"].as_u64().unwrap();
+    let context = model["context_length"].as_u64().unwrap();
+    assert!(pool > 0 && context == pool * 16, "{model}");
+    assert!(
+        model["model_context_length"].as_u64().unwrap() > context,
+        "{model}"
+    );
+    let ask = |words: usize| {
+        let body = serde_json::json!({
+            "model": "stories260K", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Lily ran ".repeat(words)}],
+        });
+        http(
+            &server.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&body.to_string()),
+        )
+    };
+    let (status, body) = ask(context as usize);
+    assert_eq!(status, 400, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], "context_length_exceeded", "{body}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("the whole pool holds {context}")),
+        "{message}"
+    );
+    let (status, body) = ask(4);
+    assert_eq!(status, 200, "{body}");
+}
+
 /// Connections that send nothing cannot hold the server: beyond `--max-connections` new ones
 /// wait to be accepted, and a connection whose request head has not come within
 /// `--read-timeout` is closed, which lets the waiting ones in. A kept-alive connection used

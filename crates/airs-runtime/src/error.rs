@@ -136,6 +136,7 @@ impl RuntimeError {
             | K::ModelMismatch { .. }
             | K::KldReference(_) => ErrorClass::BadRequest,
             K::QueueFull { .. } => ErrorClass::Overloaded,
+            K::PoolExhausted(p) if p.exceeds_pool.is_some() => ErrorClass::BadRequest,
             K::PoolExhausted(_) | K::PoolFull(_) | K::ShuttingDown | K::EngineFailed(_) => {
                 ErrorClass::Unavailable
             }
@@ -203,11 +204,31 @@ pub struct PoolExhausted {
     pub evictable_blocks: u64,
     /// Every holder of blocks, the requester included.
     pub holders: Vec<Holder>,
+    /// The request needs more blocks than the whole pool has: this pool can never serve it,
+    /// whatever finishes or is evicted, so it is the request's fault (a bad request, like a
+    /// prompt past the model's context), not a state to retry through.
+    pub exceeds_pool: Option<PoolTooSmall>,
+}
+
+/// A request larger than the whole KV pool, in positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolTooSmall {
+    /// Positions the request needs (its prompt and one to generate into).
+    pub needed_tokens: usize,
+    /// Positions the whole pool holds.
+    pub pool_tokens: usize,
 }
 
 impl fmt::Display for PoolExhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.pool;
+        if let Some(t) = &self.exceeds_pool {
+            write!(
+                f,
+                "the request needs {} positions of KV cache but the whole pool holds {}: ",
+                t.needed_tokens, t.pool_tokens
+            )?;
+        }
         write!(
             f,
             "KV pool exhausted: {} needs {} more blocks of {} bytes; {} are free or \

@@ -54,7 +54,9 @@ pub mod workload;
 
 pub use airs_memory::eviction::{EvictionClass, Priority, Protection, SessionId};
 pub use draft_cost::StepCost;
-pub use error::{ErrorClass, Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
+pub use error::{
+    ErrorClass, Holder, PoolExhausted, PoolTooSmall, Result, RuntimeError, RuntimeErrorKind,
+};
 pub use idle::{Clock, ManualClock, SystemClock, damon_available};
 pub use lookup::{DraftConfig, DraftCost};
 pub use metrics::{Histogram, PerPriority, SchedulerStats};

@@ -96,7 +96,7 @@ use airs_memory::{BlockId, PinPolicy, PoolCharge, PoolUse};
 use serde::Serialize;
 
 use crate::draft_cost::{self, Acceptance, Candidate, StepCost, StepTimeFit};
-use crate::error::{Holder, PoolExhausted, Result, RuntimeError, RuntimeErrorKind};
+use crate::error::{Holder, PoolExhausted, PoolTooSmall, Result, RuntimeError, RuntimeErrorKind};
 use crate::generation::{Draw, Generation};
 use crate::idle::{Clock, SystemClock};
 use crate::lookup::{self, DraftConfig, DraftCost};
@@ -762,8 +762,12 @@ impl Scheduler {
                         block_bytes: self.pool.block_bytes(),
                         pool_bytes: self.config.kv_pool_bytes,
                     };
-                    let report =
+                    let mut report =
                         self.exhausted_report(format!("a prompt of {}", tokens.len()), e, None);
+                    report.exceeds_pool = Some(PoolTooSmall {
+                        needed_tokens: tokens.len() + room,
+                        pool_tokens: total as usize * self.pool.tokens_per_block(),
+                    });
                     return Err(RuntimeError::new(RuntimeErrorKind::PoolExhausted(
                         Box::new(report),
                     )));
@@ -1446,7 +1450,13 @@ impl Scheduler {
             let name = self.requester_name(id);
             self.seq_mut(id).kv = None;
             if need > total.saturating_sub(protected) {
-                let report = self.exhausted_report(name, e, Some(id));
+                let mut report = self.exhausted_report(name, e, Some(id));
+                if need > total {
+                    report.exceeds_pool = Some(PoolTooSmall {
+                        needed_tokens: need_len,
+                        pool_tokens: total as usize * self.pool.tokens_per_block(),
+                    });
+                }
                 return Admission::Failed(RuntimeError::new(RuntimeErrorKind::PoolExhausted(
                     Box::new(report),
                 )));
@@ -1701,6 +1711,7 @@ impl Scheduler {
             pool: e,
             evictable_blocks,
             holders,
+            exceeds_pool: None,
         }
     }
 

@@ -127,6 +127,13 @@ fn a_request_larger_than_the_pool_fails_cleanly() {
         "nobody else holds memory: {err}"
     );
     assert!(report.pool.needed_blocks + report.pool.available_blocks > report.pool.blocks_total);
+    // Larger than the whole pool: the request's fault, never to be retried.
+    let too_small = report.exceeds_pool.expect("named as larger than the pool");
+    assert!(
+        too_small.needed_tokens > too_small.pool_tokens,
+        "{too_small:?}"
+    );
+    assert_eq!(err.class(), airs_runtime::ErrorClass::BadRequest);
     assert_eq!(
         blocks_of(&s, "big"),
         0,

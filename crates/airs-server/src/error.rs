@@ -110,7 +110,8 @@ impl From<RuntimeError> for ApiError {
             ErrorClass::BadRequest => {
                 let err = ApiError::bad_request(message);
                 match e.kind() {
-                    RuntimeErrorKind::ContextFull { .. } => {
+                    // A prompt past the model's context, or past the whole KV pool.
+                    RuntimeErrorKind::ContextFull { .. } | RuntimeErrorKind::PoolExhausted(_) => {
                         err.with_code("context_length_exceeded")
                     }
                     _ => err,

@@ -80,7 +80,12 @@ pub async fn models(State(state): State<AppState>) -> Response {
         if let Some(s) = served {
             let status = s.service.status();
             m["memory"] = memory_json(s, &status);
-            m["context_length"] = json!(s.model.context_len());
+            // What one request can use: the model's context, or the whole KV pool if that
+            // holds fewer positions (a longer prompt gets 400 `context_length_exceeded`).
+            let pool_tokens =
+                status.pool.blocks_total as usize * status.pool.tokens_per_block as usize;
+            m["context_length"] = json!(s.model.context_len().min(pool_tokens));
+            m["model_context_length"] = json!(s.model.context_len());
         }
         data.push(m);
     }
