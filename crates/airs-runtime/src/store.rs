@@ -203,6 +203,9 @@ pub struct HistoryStore {
     /// The database's writer lock, shared by this process's stores of it (`None`: a reader,
     /// or a database in memory).
     _writer: Option<Arc<WriterLock>>,
+    /// Time each commit takes on top of its own (tests of what a slow disk costs).
+    #[cfg(feature = "fault-injection")]
+    commit_delay: std::time::Duration,
 }
 
 /// An exclusive `flock` on a database's `<db>-lock` file, held while the file is open.
@@ -375,6 +378,8 @@ impl HistoryStore {
             conn,
             durability,
             _writer: writer,
+            #[cfg(feature = "fault-injection")]
+            commit_delay: std::time::Duration::ZERO,
         })
     }
 
@@ -540,6 +545,14 @@ impl HistoryStore {
             }
         }
         tx.commit()?;
+        #[cfg(feature = "fault-injection")]
+        std::thread::sleep(self.commit_delay);
         Ok(())
+    }
+
+    /// Make every later commit take `delay` longer, as a slow disk would (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_commit_delay(&mut self, delay: std::time::Duration) {
+        self.commit_delay = delay;
     }
 }

@@ -302,3 +302,40 @@ fn drafts_are_computed_as_far_as_their_cost_pays() {
     let kept = |s: &airs_runtime::SchedulerStats| s.drafts_accepted as f64 / s.draft_tokens as f64;
     assert!(kept(&streamed) > kept(&free), "{streamed:?} {free:?}");
 }
+
+#[test]
+fn a_slow_session_commit_is_left_out_of_what_a_row_costs() {
+    // The step that ends a session turn also commits it to the history store. That time is
+    // the disk's, not the rows': counted, a slow disk would make every row look expensive and
+    // turn drafts off. The same turns with and without a 100 ms commit give the same fit.
+    let m = stories();
+    let fit = |commit_delay: std::time::Duration| {
+        let mut store = airs_runtime::HistoryStore::open_in_memory().unwrap();
+        store.inject_commit_delay(commit_delay);
+        let config = SchedulerConfig {
+            draft: DraftConfig::with_tokens(4),
+            ..common::config(256, &m)
+        };
+        let mut s = Scheduler::new(Arc::clone(&m), config, Some(store)).unwrap();
+        for turn in 0..12 {
+            let text = "The dog ran to the park. The dog ran to the park. The dog";
+            s.serve(Request::turn(
+                &format!("s{}", turn % 3),
+                text,
+                common::greedy(8),
+            ))
+            .unwrap();
+        }
+        let cost = s.step_cost().expect("steps of different sizes were seen");
+        eprintln!("commit delay {commit_delay:?}: {cost:?}, {:?}", s.stats());
+        cost
+    };
+    let quick = fit(std::time::Duration::ZERO);
+    let slow = fit(std::time::Duration::from_millis(100));
+    for rows in [1, 4] {
+        assert!(
+            slow.seconds(rows) < 2.0 * quick.seconds(rows) + 0.002,
+            "{rows} rows: {slow:?} against {quick:?}"
+        );
+    }
+}
