@@ -421,9 +421,14 @@ impl LoadedModel {
         self.tokenizer.is_end_of_generation(TokenId(id))
     }
 
-    fn render(&self, messages: &[ChatMessage], generation_prompt: bool) -> Result<String> {
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ChatTools>,
+        generation_prompt: bool,
+    ) -> Result<String> {
         self.template
-            .render(messages, generation_prompt)
+            .render_with_tools(messages, tools, generation_prompt)
             .map_err(|e| RuntimeError::new(RuntimeErrorKind::Template(e)))
     }
 
@@ -439,19 +444,25 @@ impl LoadedModel {
             .collect()
     }
 
-    /// The token ids a new user message `user` appends to a session whose conversation so far
-    /// is `history` (roles and contents as stored; replies exactly as generated). Never empty.
-    pub fn turn_tokens(&self, history: &[(Role, String)], user: &str) -> Result<Vec<u32>> {
-        let msg = |role: Role, content: &str| ChatMessage::new(role.name(), content);
-        let mut conversation: Vec<ChatMessage> = history.iter().map(|(r, c)| msg(*r, c)).collect();
-        conversation.push(msg(Role::User, user));
-        let first_turn = !history.iter().any(|(r, _)| *r == Role::User);
+    /// The token ids a turn's new messages `inputs` (user messages, or function results)
+    /// append to a session whose conversation so far is `history` (roles and contents as
+    /// stored; replies exactly as generated) and which may call `tools`. Never empty.
+    pub fn turn_tokens(
+        &self,
+        history: &[(Role, String)],
+        inputs: &[(Role, String)],
+        tools: Option<&ChatTools>,
+    ) -> Result<Vec<u32>> {
+        let mut conversation: Vec<ChatMessage> =
+            history.iter().map(|(r, c)| message(*r, c)).collect();
+        conversation.extend(inputs.iter().map(|(r, c)| message(*r, c)));
+        let first_turn = !history.iter().any(|(r, _)| *r == Role::Assistant);
         let ids = if first_turn {
-            let text = self.render(&conversation, true)?;
+            let text = self.render(&conversation, tools, true)?;
             let text = self.strip_bos_text(&text);
             self.encode_text(text, true)
         } else {
-            self.delta_tokens(history, &conversation)?
+            self.delta_tokens(history, &conversation, inputs, tools)?
         };
         if ids.is_empty() {
             // An empty rendering (a template that drops empty messages): feed BOS or token 0
@@ -478,19 +489,21 @@ impl LoadedModel {
         &self,
         history: &[(Role, String)],
         conversation: &[ChatMessage],
+        inputs: &[(Role, String)],
+        tools: Option<&ChatTools>,
     ) -> Result<Vec<u32>> {
-        // The text the sequence holds: the rendering up to the last user message with the
-        // generation prompt, then every reply after it as generated.
-        let last_user = history
+        // The text the sequence holds: the rendering up to the last turn's last new message
+        // with the generation prompt, then every reply after it as generated.
+        let last_input = history
             .iter()
-            .rposition(|(r, _)| *r == Role::User)
+            .rposition(|(r, _)| *r != Role::Assistant)
             .expect("not the first turn");
-        let before: Vec<ChatMessage> = history[..=last_user]
+        let before: Vec<ChatMessage> = history[..=last_input]
             .iter()
-            .map(|(r, c)| ChatMessage::new(r.name(), c.as_str()))
+            .map(|(r, c)| message(*r, c))
             .collect();
-        let mut held = self.render(&before, true)?;
-        for (_, c) in history[last_user + 1..]
+        let mut held = self.render(&before, tools, true)?;
+        for (_, c) in history[last_input + 1..]
             .iter()
             .filter(|(r, _)| *r == Role::Assistant)
         {
@@ -510,15 +523,21 @@ impl LoadedModel {
                     ChatMessage::new(m.role.as_str(), c)
                 })
                 .collect();
-            let target = self.render(&conv, true)?;
+            let target = self.render(&conv, tools, true)?;
             if let Some(delta) = target.strip_prefix(held.as_str()) {
                 return Ok(self.encode_text(delta, false));
             }
         }
-        let last = conversation.last().expect("the new user message").clone();
-        let text = self.render(&[last], true)?;
+        // The template does not extend the held text: the new messages rendered alone.
+        let alone: Vec<ChatMessage> = inputs.iter().map(|(r, c)| message(*r, c)).collect();
+        let text = self.render(&alone, None, true)?;
         Ok(self.encode_text(self.strip_bos_text(&text), false))
     }
+}
+
+/// A stored message as the chat template receives it.
+fn message(role: Role, content: &str) -> ChatMessage {
+    ChatMessage::new(role.name(), content)
 }
 
 /// A model file's bytes for commands that read only its header (`inspect`, `tokenize`): a

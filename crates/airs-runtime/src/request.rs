@@ -44,7 +44,9 @@ pub enum Prompt {
 }
 
 /// A turn of a persistent session: the session's conversation so far is in the history store;
-/// the request's prompt must be [`Prompt::Chat`] holding only the new user message.
+/// the request's prompt must be [`Prompt::Chat`] (or [`Prompt::ChatWithTools`], whose tools
+/// must be the session's: its first turn sets them) holding only the new messages — user
+/// messages, or `tool` results of the functions the session's last reply called.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionTurn {
     /// The session's name (created on its first turn).

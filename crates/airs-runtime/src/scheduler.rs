@@ -69,8 +69,9 @@
 //! prompt's blocks: the first choice prefills, the others fork its block table (copy-on-write)
 //! when its prompt is done and sample from the same logits with their own seeds.
 //!
-//! Sessions ([`crate::sessions`]): a request with a [`crate::request::SessionTurn`] appends a
-//! user message to a persistent conversation. It is admitted when the session has no other
+//! Sessions ([`crate::sessions`]): a request with a [`crate::request::SessionTurn`] appends its
+//! new messages (a user message, or the results of the functions the last reply called) and
+//! the reply to a persistent conversation, rendered with the session's tools if it has any. It is admitted when the session has no other
 //! turn in flight; it starts from the session's cached KV if eviction left it whole, else from
 //! the prefix index (what survived), and recomputes the rest. The turn is committed to the
 //! history store before [`Event::Done`] is sent.
@@ -107,7 +108,8 @@ use crate::request::{
     TokenEvent, Usage,
 };
 use crate::sessions::Sessions;
-use crate::store::HistoryStore;
+use crate::store::{HistoryStore, Role};
+use crate::tools::Tools;
 
 /// Where a request's events go: called with each event; returns `false` once nobody listens
 /// (the request is then cancelled).
@@ -294,7 +296,11 @@ struct Req {
 struct TurnState {
     name: String,
     system: Option<String>,
-    user: String,
+    /// The turn's new messages: user messages, or the results of the functions the last
+    /// reply called.
+    inputs: Vec<(Role, String)>,
+    /// The tools the request names (the session's own, or its first turn's).
+    tools: Option<Arc<Tools>>,
     /// Set at admission: the session and the tokens the turn appends.
     resolved: Option<(SessionId, Vec<u32>)>,
     /// Positions of the session's history computed before the turn (what a rebuild
@@ -712,20 +718,33 @@ impl Scheduler {
                         "a session turn generates one choice (n = 1) and no embedding",
                     ));
                 }
-                let user = match prompt {
-                    Prompt::Chat(mut m) if m.len() == 1 && m[0].role == "user" => {
-                        m.pop().expect("one message").content
-                    }
+                let (messages, tools) = match prompt {
+                    Prompt::Chat(m) => (m, None),
+                    Prompt::ChatWithTools { messages, tools } => (messages, Some(tools)),
+                    _ => (Vec::new(), None),
+                };
+                let inputs: Option<Vec<(Role, String)>> = messages
+                    .into_iter()
+                    .map(|m| match m.role.as_str() {
+                        "user" => Some((Role::User, m.content)),
+                        "tool" => Some((Role::Tool, m.content)),
+                        _ => None,
+                    })
+                    .collect();
+                let inputs = match inputs {
+                    Some(inputs) if !inputs.is_empty() => inputs,
                     _ => {
                         return Err(RuntimeError::invalid(
-                            "a session turn sends only the new user message",
+                            "a session turn sends only its new messages: user messages, or the \
+                             results of the functions the last reply called",
                         ));
                     }
                 };
                 let state = TurnState {
                     name: turn.name,
                     system: turn.system,
-                    user,
+                    inputs,
+                    tools,
                     resolved: None,
                     history_computed: 0,
                 };
@@ -1537,6 +1556,7 @@ impl Scheduler {
                 &turn.name,
                 priority,
                 turn.system.as_deref(),
+                turn.tools.as_ref(),
                 salt.as_deref(),
                 now,
             )
@@ -1545,9 +1565,19 @@ impl Scheduler {
         if session.busy.is_some() {
             return Err(TurnError::Busy);
         }
+        if session.tools.is_none() && turn.inputs.iter().any(|(r, _)| *r == Role::Tool) {
+            return Err(TurnError::Failed(RuntimeError::invalid(format!(
+                "session {:?} has no tools, so no function results to send",
+                turn.name
+            ))));
+        }
         let delta = self
             .model
-            .turn_tokens(&session.history, &turn.user)
+            .turn_tokens(
+                &session.history,
+                &turn.inputs,
+                session.tools.as_ref().map(|t| t.chat()),
+            )
             .map_err(TurnError::Failed)?;
         let mut tokens = session.tokens.clone();
         tokens.extend_from_slice(&delta);
@@ -2165,7 +2195,7 @@ impl Scheduler {
             let committing = Instant::now();
             let committed = sessions.commit_turn(
                 sid,
-                &turn.user,
+                &turn.inputs,
                 &delta,
                 generation.text(),
                 &generation.generated,

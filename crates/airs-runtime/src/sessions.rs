@@ -7,14 +7,17 @@
 //! Design: §6.3 of the model-memory chapter (per-session KV caches with a priority, evicted
 //! background → system → idle interactive, recomputed from the persisted conversation), read
 //! through the design README. A session serves one turn at a time; a second turn waits for the
-//! first, whose reply it must see. A turn is committed — the user message and the reply in one
-//! transaction — before the runtime reports it done (the acknowledgement), so a killed process
+//! first, whose reply it must see. A turn is its new messages (a user message, or the results
+//! of the functions the last reply called) and the reply; a session's tools (the functions it
+//! may call) are rendered at its start, so its first turn sets them. A turn is committed — its
+//! new messages and the reply in one transaction — before the runtime reports it done (the acknowledgement), so a killed process
 //! loses no acknowledged message and never half a turn.
 //!
 //! Cost: a session holds its token ids and its messages' texts in memory, its KV blocks in the
 //! pool while cached, and its messages on disk.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use airs_engine::PagedKv;
@@ -23,6 +26,7 @@ use airs_memory::eviction::{Priority, SessionId};
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 use crate::request::RequestId;
 use crate::store::{HistoryStore, NewMessage, Role, SamplerSettings, StoredMessage, StoredSession};
+use crate::tools::Tools;
 
 /// One session in memory.
 #[derive(Debug)]
@@ -33,6 +37,9 @@ pub(crate) struct Session {
     pub salt: Option<Vec<u8>>,
     /// Roles and contents, as stored.
     pub history: Vec<(Role, String)>,
+    /// The functions the conversation may call, rendered at its start (fixed by its first
+    /// turn).
+    pub tools: Option<Arc<Tools>>,
     pub next_seq: u64,
     /// The sequence: every token of the conversation, in KV order.
     pub tokens: Vec<u32>,
@@ -50,7 +57,14 @@ pub(crate) struct Session {
 
 impl Session {
     fn from_store(stored: StoredSession, messages: Vec<StoredMessage>) -> Result<Session> {
+        let tools = match &stored.tools {
+            None => None,
+            Some(json) => Some(Arc::new(Tools::from_json(json).map_err(|e| {
+                RuntimeError::corrupt(format!("session {:?}'s tools: {e}", stored.name))
+            })?)),
+        };
         let mut s = Session {
+            tools,
             id: stored.id,
             name: stored.name,
             priority: stored.priority,
@@ -126,13 +140,50 @@ impl Sessions {
     }
 
     /// Open `name`: loaded from the store if it is there (it must belong to this model),
-    /// created otherwise with `system` as its first message. Its priority becomes `priority`
-    /// (persisted).
+    /// created otherwise with `system` as its first message and `tools`. Its priority becomes
+    /// `priority` (persisted). A session's tools are rendered at its start, so a turn that
+    /// names tools must name the session's own (set by its first turn); a turn without tools
+    /// continues with the session's.
     pub fn open(
         &mut self,
         name: &str,
         priority: Priority,
         system: Option<&str>,
+        tools: Option<&Arc<Tools>>,
+        salt: Option<&[u8]>,
+        now: Duration,
+    ) -> Result<SessionId> {
+        let id = self.open_or_load(name, priority, system, tools, salt, now)?;
+        let s = self.open.get_mut(&id).expect("opened");
+        if let Some(tools) = tools
+            && s.tools.as_deref() != Some(&**tools)
+        {
+            if s.turns > 0 {
+                return Err(RuntimeError::invalid(format!(
+                    "session {name:?} {}: a session's tools are set by its first turn (the \
+                     template renders them at the conversation's start); send the same tools \
+                     or none",
+                    if s.tools.is_some() {
+                        "was opened with other tools"
+                    } else {
+                        "was opened without tools"
+                    }
+                )));
+            }
+            // A session whose first turn never completed takes this turn's tools.
+            self.store.set_tools(id, Some(tools.json()))?;
+            s.tools = Some(Arc::clone(tools));
+        }
+        Ok(id)
+    }
+
+    /// The session called `name`: open already, loaded from the store, or created.
+    fn open_or_load(
+        &mut self,
+        name: &str,
+        priority: Priority,
+        system: Option<&str>,
+        tools: Option<&Arc<Tools>>,
         salt: Option<&[u8]>,
         now: Duration,
     ) -> Result<SessionId> {
@@ -165,6 +216,7 @@ impl Sessions {
                 &SamplerSettings::default(),
                 salt,
                 system,
+                tools.map(|t| t.json()),
             )?,
         };
         let messages = self.store.load_messages(stored.id)?;
@@ -175,15 +227,16 @@ impl Sessions {
         Ok(id)
     }
 
-    /// Commit a turn of session `id`: `user` (whose tokens `delta` the turn appended, with
-    /// `computed_before` positions computed before it) and the reply `text` of `reply` tokens,
-    /// with `computed` positions computed after it; then update the session in memory. Returns
-    /// the turn's number. Nothing changes in memory unless the commit succeeded.
+    /// Commit a turn of session `id`: its new messages `inputs` (user messages or function
+    /// results; the tokens `delta` the turn appended are stored with the first, with the
+    /// positions computed before it) and the reply `text` of `reply` tokens, with `computed`
+    /// positions computed after it; then update the session in memory. Returns the turn's
+    /// number. Nothing changes in memory unless the commit succeeded.
     #[allow(clippy::too_many_arguments)]
     pub fn commit_turn(
         &mut self,
         id: SessionId,
-        user: &str,
+        inputs: &[(Role, String)],
         delta: &[u32],
         text: &str,
         reply: &[u32],
@@ -195,24 +248,26 @@ impl Sessions {
             .open
             .get_mut(&id)
             .ok_or_else(|| RuntimeError::new(RuntimeErrorKind::UnknownSession(id.to_string())))?;
-        let messages = [
-            NewMessage {
-                role: Role::User,
-                content: user.to_owned(),
-                tokens: delta.to_vec(),
+        let mut messages: Vec<NewMessage> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, (role, content))| NewMessage {
+                role: *role,
+                content: content.clone(),
+                tokens: if i == 0 { delta.to_vec() } else { Vec::new() },
                 computed: s.computed as u64,
-            },
-            NewMessage {
-                role: Role::Assistant,
-                content: text.to_owned(),
-                tokens: reply.to_vec(),
-                computed: computed as u64,
-            },
-        ];
+            })
+            .collect();
+        messages.push(NewMessage {
+            role: Role::Assistant,
+            content: text.to_owned(),
+            tokens: reply.to_vec(),
+            computed: computed as u64,
+        });
         // The acknowledgement point: nothing below runs unless the turn is durable.
         self.store.append(id, s.next_seq, &messages)?;
-        s.next_seq += 2;
-        s.history.push((Role::User, user.to_owned()));
+        s.next_seq += messages.len() as u64;
+        s.history.extend(inputs.iter().cloned());
         s.history.push((Role::Assistant, text.to_owned()));
         s.tokens.extend_from_slice(delta);
         s.tokens.extend_from_slice(reply);

@@ -18,14 +18,18 @@
 //! Raspberry Pi on a wall plug and an SD card must expect. It costs one fsync per turn
 //! (milliseconds on an SD card, next to the hundreds of milliseconds of generating a reply).
 //!
-//! Schema (version 1):
-//! - `sessions(id, name UNIQUE, model, priority, sampler JSON, salt, created_ms)`
+//! Schema (version 2):
+//! - `sessions(id, name UNIQUE, model, priority, sampler JSON, salt, created_ms, tools)`:
+//!   `tools` the JSON text of the functions the session may call (OpenAI's `tools`, as the
+//!   chat template renders them at the conversation's start), or NULL. Version 1 had no
+//!   `tools`; opening such a database adds the column (NULL for its sessions).
 //! - `messages(session_id, seq, role, content, tokens, passes, computed, created_ms)`, primary key
 //!   `(session_id, seq)`: `tokens` is the little-endian `u32` token ids the message appended to
 //!   the session's sequence (a system message appends none: its tokens belong to the first
 //!   turn's prompt), `computed` the sequence positions whose KV exist after the message.
 //!   `passes` held forward-pass lengths when rebuilding had to replay them; it is written empty
-//!   and ignored on reading (kept so databases stay at version 1).
+//!   and ignored on reading (kept so databases need no rewrite). Roles: `system`, `user`,
+//!   `assistant`, `tool` (a function's result).
 //!
 //! One writer process: [`HistoryStore::open`] takes the database's writer lock, an exclusive
 //! `flock` on the sidecar file `<db>-lock` that the process holds while any of its stores of
@@ -36,7 +40,7 @@
 //! lock: WAL lets them read while the writer runs. The lock is the kernel's, so a killed
 //! process leaves none behind.
 //!
-//! Cost: a turn is one transaction of two inserts; loading a session reads its messages once.
+//! Cost: a turn is one transaction of an insert per message (the new ones and the reply); loading a session reads its messages once.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,7 +52,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError, RuntimeErrorKind};
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// How hard a commit tries to reach the disk (see the module documentation).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -67,6 +71,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A function's result, sent back after a reply that called it.
+    Tool,
 }
 
 impl Role {
@@ -75,6 +81,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 
@@ -83,6 +90,7 @@ impl Role {
             "system" => Ok(Role::System),
             "user" => Ok(Role::User),
             "assistant" => Ok(Role::Assistant),
+            "tool" => Ok(Role::Tool),
             other => Err(RuntimeError::corrupt(format!("unknown role {other:?}"))),
         }
     }
@@ -169,6 +177,8 @@ pub struct StoredSession {
     /// Prefix-cache salt: sessions share KV prefixes only with sessions of the same salt.
     pub salt: Option<Vec<u8>>,
     pub created_ms: i64,
+    /// The JSON text of the functions the session may call (rendered at its start).
+    pub tools: Option<String>,
 }
 
 /// A message as stored.
@@ -192,8 +202,17 @@ pub struct NewMessage {
     pub computed: u64,
 }
 
-/// A `sessions` row: id, name, model, priority, sampler JSON, salt, created_ms.
-type SessionRow = (i64, String, String, String, String, Option<Vec<u8>>, i64);
+/// A `sessions` row: id, name, model, priority, sampler JSON, salt, created_ms, tools.
+type SessionRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    Option<Vec<u8>>,
+    i64,
+    Option<String>,
+);
 
 /// The SQLite history store (see the module documentation).
 #[derive(Debug)]
@@ -339,7 +358,8 @@ impl HistoryStore {
                  priority TEXT NOT NULL,
                  sampler TEXT NOT NULL,
                  salt BLOB,
-                 created_ms INTEGER NOT NULL
+                 created_ms INTEGER NOT NULL,
+                 tools TEXT
              );
              CREATE TABLE IF NOT EXISTS messages(
                  session_id INTEGER NOT NULL REFERENCES sessions(id),
@@ -368,6 +388,15 @@ impl HistoryStore {
                 )?;
             }
             Some(SCHEMA_VERSION) => {}
+            Some(1) => {
+                // Version 1 had no `tools` (its sessions have none).
+                let tx = conn.unchecked_transaction()?;
+                tx.execute_batch(
+                    "ALTER TABLE sessions ADD COLUMN tools TEXT;
+                     UPDATE meta SET value = 2 WHERE key = 'schema_version';",
+                )?;
+                tx.commit()?;
+            }
             Some(v) => {
                 return Err(RuntimeError::corrupt(format!(
                     "schema version {v}, this runtime reads {SCHEMA_VERSION}"
@@ -396,11 +425,12 @@ impl HistoryStore {
             r.get(4)?,
             r.get(5)?,
             r.get(6)?,
+            r.get(7)?,
         ))
     }
 
     fn parse_session(row: SessionRow) -> Result<StoredSession> {
-        let (id, name, model, priority, sampler, salt, created_ms) = row;
+        let (id, name, model, priority, sampler, salt, created_ms, tools) = row;
         Ok(StoredSession {
             id: SessionId(id as u64),
             name,
@@ -412,10 +442,12 @@ impl HistoryStore {
                 .map_err(|e| RuntimeError::corrupt(format!("sampler settings: {e}")))?,
             salt,
             created_ms,
+            tools,
         })
     }
 
-    const SESSION_COLUMNS: &'static str = "id, name, model, priority, sampler, salt, created_ms";
+    const SESSION_COLUMNS: &'static str =
+        "id, name, model, priority, sampler, salt, created_ms, tools";
 
     /// The session called `name`, if any.
     pub fn find_session(&self, name: &str) -> Result<Option<StoredSession>> {
@@ -443,7 +475,9 @@ impl HistoryStore {
         rows.map(|r| Self::parse_session(r?)).collect()
     }
 
-    /// Create a session, with its system message if any, in one transaction.
+    /// Create a session, with its system message and its tools (JSON text) if any, in one
+    /// transaction.
+    #[allow(clippy::too_many_arguments)]
     pub fn create_session(
         &mut self,
         name: &str,
@@ -452,15 +486,24 @@ impl HistoryStore {
         sampler: &SamplerSettings,
         salt: Option<&[u8]>,
         system: Option<&str>,
+        tools: Option<&str>,
     ) -> Result<StoredSession> {
         let created_ms = now_ms();
         let sampler_json = serde_json::to_string(sampler)
             .map_err(|e| RuntimeError::invalid(format!("sampler settings: {e}")))?;
         let tx = self.conn.transaction()?;
         tx.execute(
-            "INSERT INTO sessions(name, model, priority, sampler, salt, created_ms)
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
-            params![name, model, priority.name(), sampler_json, salt, created_ms],
+            "INSERT INTO sessions(name, model, priority, sampler, salt, created_ms, tools)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                name,
+                model,
+                priority.name(),
+                sampler_json,
+                salt,
+                created_ms,
+                tools
+            ],
         )?;
         let id = tx.last_insert_rowid();
         if let Some(text) = system {
@@ -480,7 +523,17 @@ impl HistoryStore {
             sampler: sampler.clone(),
             salt: salt.map(<[u8]>::to_vec),
             created_ms,
+            tools: tools.map(str::to_owned),
         })
+    }
+
+    /// Set a session's tools (JSON text; a session whose first turn has not completed).
+    pub fn set_tools(&mut self, id: SessionId, tools: Option<&str>) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sessions SET tools = ?1 WHERE id = ?2",
+            params![tools, id.0 as i64],
+        )?;
+        Ok(())
     }
 
     /// Change a session's priority.

@@ -159,6 +159,21 @@ impl Tools {
         })
     }
 
+    /// [`Tools::from_openai`] of the JSON text of a `tools` array (as [`Tools::json`] gives
+    /// it: how a session's tools are stored).
+    pub fn from_json(json: &str) -> Result<Tools, ToolsError> {
+        match serde_json::from_str::<SchemaValue>(json) {
+            Ok(SchemaValue::Array(list)) => Tools::from_openai(&list),
+            Ok(_) => Err(ToolsError("tools are not a JSON array".into())),
+            Err(e) => Err(ToolsError(format!("tools are not JSON: {e}"))),
+        }
+    }
+
+    /// The tools' compact JSON text (members in the request's order).
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
     /// The tools as the chat template receives them.
     pub fn chat(&self) -> &ChatTools {
         &self.chat

@@ -250,3 +250,45 @@ fn one_process_writes_a_session_database() {
     HistoryStore::open(&db, Durability::Full).expect("the killed writer's lock is gone");
     let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
+
+#[test]
+fn a_version_1_database_is_upgraded_and_its_sessions_continue() {
+    // Version 1 had no `tools` column: a database written by it (made here by writing two
+    // turns and taking the column away) is upgraded on open, and its session continues as
+    // an uninterrupted one.
+    let want = reference();
+    let db = temp_db("v1");
+    {
+        let mut s = scheduler_over(HistoryStore::open(&db, Durability::Normal).unwrap());
+        for t in &TURNS[..2] {
+            say(&mut s, t);
+        }
+    }
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch(
+            "ALTER TABLE sessions DROP COLUMN tools;
+             UPDATE meta SET value = 1 WHERE key = 'schema_version';",
+        )
+        .unwrap();
+    }
+    let mut s = scheduler_over(HistoryStore::open(&db, Durability::Normal).unwrap());
+    let got: Vec<Vec<u32>> = TURNS[2..].iter().map(|t| say(&mut s, t)).collect();
+    assert_eq!(got, want[2..]);
+    drop(s);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let version: i64 = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, 2);
+    let tools: Option<String> = conn
+        .query_row("SELECT tools FROM sessions WHERE name = 'story'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(tools, None);
+}

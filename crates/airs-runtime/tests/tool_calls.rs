@@ -182,3 +182,130 @@ fn gemma_without_a_tool_format_is_told_the_tools_and_calls_when_forced() {
         assert_of_its_schema(&calls[0]);
     }
 }
+
+/// A session's turn with `messages` (its new ones) and `tools`: the reply's text as generated.
+fn session_turn(
+    s: &mut Scheduler,
+    messages: Vec<ChatMessage>,
+    tools: Option<&Arc<Tools>>,
+) -> String {
+    let prompt = match tools {
+        Some(tools) => Prompt::ChatWithTools {
+            messages,
+            tools: Arc::clone(tools),
+        },
+        None => Prompt::Chat(messages),
+    };
+    let mut request = Request::generate(prompt, greedy(64));
+    request.session = Some(airs_runtime::SessionTurn {
+        name: "agent".into(),
+        system: None,
+    });
+    s.serve(request).unwrap().choices[0].text.clone()
+}
+
+/// The reply to the whole conversation `messages` sent at once (no session).
+fn whole(s: &mut Scheduler, messages: Vec<ChatMessage>, tools: &Arc<Tools>) -> String {
+    let prompt = Prompt::ChatWithTools {
+        messages,
+        tools: Arc::clone(tools),
+    };
+    s.serve(Request::generate(prompt, greedy(64)))
+        .unwrap()
+        .choices[0]
+        .text
+        .clone()
+}
+
+#[test]
+fn a_qwen_session_calls_a_tool_takes_its_result_and_continues_after_a_restart() {
+    // A session with tools: the client sends the question, then only the function's result,
+    // then (from a new process's scheduler on the same database, the tools not sent again)
+    // the next question. Each reply is the reply to the whole conversation sent at once, with
+    // the replies as generated: the session's cache holds exactly that conversation.
+    let model = Arc::new(LoadedModel::open(&airs_testdata::qwen_path(), 2).unwrap());
+    let dir = std::env::temp_dir().join(format!("airs-tools-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("sessions.db");
+    let _ = std::fs::remove_file(&db);
+    let scheduler = || {
+        let store =
+            airs_runtime::HistoryStore::open(&db, airs_runtime::Durability::Normal).unwrap();
+        Scheduler::new(
+            Arc::clone(&model),
+            SchedulerConfig::new(64 << 20),
+            Some(store),
+        )
+        .unwrap()
+    };
+    let mut alone =
+        Scheduler::new(Arc::clone(&model), SchedulerConfig::new(64 << 20), None).unwrap();
+    let tools = tools();
+    let question = ChatMessage::user("What's the weather like in Paris today?");
+    let result = ChatMessage::new("tool", r#"{"temperature_c": 18, "sky": "cloudy"}"#);
+    let next = ChatMessage::user("Thanks. What is 17 plus 25?");
+
+    let mut s = scheduler();
+    let first = session_turn(&mut s, vec![question.clone()], Some(&tools));
+    let (_, calls) = parse_reply(&tools, &first);
+    assert_eq!(calls.len(), 1, "{first:?}");
+    assert_eq!(calls[0].name, "get_weather");
+    assert_eq!(first, whole(&mut alone, vec![question.clone()], &tools));
+
+    let second = session_turn(&mut s, vec![result.clone()], Some(&tools));
+    let so_far = vec![
+        question.clone(),
+        ChatMessage::assistant(first.as_str()),
+        result.clone(),
+    ];
+    assert_eq!(
+        second,
+        whole(&mut alone, so_far.clone(), &tools),
+        "{second:?}"
+    );
+    let tokens_before = s.sessions()[0].sequence_tokens;
+    drop(s);
+
+    let mut s = scheduler();
+    let third = session_turn(&mut s, vec![next.clone()], None);
+    let mut all = so_far;
+    all.extend([ChatMessage::assistant(second.as_str()), next]);
+    assert_eq!(third, whole(&mut alone, all, &tools), "{third:?}");
+    let (_, calls) = parse_reply(&tools, &third);
+    eprintln!("{first:?} / {second:?} / {third:?} {calls:?}");
+    let history = s.history("agent").unwrap();
+    let roles: Vec<&str> = history.iter().map(|(r, _)| r.name()).collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant"
+        ]
+    );
+    assert!(s.sessions()[0].sequence_tokens > tokens_before);
+
+    // A session's tools are fixed by its first turn.
+    let other = tools.json().replace("get_weather", "get_forecast");
+    let other = Arc::new(Tools::from_json(&other).unwrap());
+    let mut request = Request::generate(
+        Prompt::ChatWithTools {
+            messages: vec![ChatMessage::user("And Rome?")],
+            tools: other,
+        },
+        greedy(8),
+    );
+    request.session = Some(airs_runtime::SessionTurn {
+        name: "agent".into(),
+        system: None,
+    });
+    let err = s.serve(request).unwrap_err();
+    assert!(
+        err.to_string().contains("tools are set by its first turn"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

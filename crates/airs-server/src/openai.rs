@@ -15,7 +15,8 @@
 //! `parallel_tool_calls`, assistant messages' `tool_calls` and `tool` messages;
 //! [`airs_runtime::tools`]), `user` (accepted, unused); airs extensions `priority`
 //! (`interactive`, `system`, `background`) and `session` (a persistent conversation's name: the
-//! client sends only the new message). Unknown fields are accepted and ignored, except the
+//! client sends only the new message, or the `tool` results of the calls the last reply made;
+//! a session's tools are set by its first turn). Unknown fields are accepted and ignored, except the
 //! deprecated `functions`, which is refused with 400 rather than ignored. Sampling defaults are llama.cpp's server's (temperature 0.8,
 //! top-k 40, top-p 0.95, min-p 0.05, a random seed), not OpenAI's (temperature 1, no top-k or
 //! min-p), because small local models need the tail cut; `max_tokens` defaults to the rest of
@@ -609,10 +610,12 @@ pub fn chat_request(
     let mut messages: Vec<ChatMessage> = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         let message = chat_message(m)?;
-        // As OpenAI: a result answers a call.
-        let answers_a_call = messages
-            .last()
-            .is_some_and(|p| p.role == "tool" || !p.tool_calls.is_empty());
+        // As OpenAI: a result answers a call. A session's new messages may open with results:
+        // they answer its last reply, which the server holds.
+        let answers_a_call = match messages.last() {
+            Some(p) => p.role == "tool" || !p.tool_calls.is_empty(),
+            None => req.session.is_some(),
+        };
         if message.role == "tool" && !answers_a_call {
             return Err(ApiError::bad_request(
                 "a message with role \"tool\" must follow an assistant message with tool_calls",
@@ -637,11 +640,6 @@ pub fn chat_request(
         (Some(tools), _) => Some(tools),
     };
     if let Some(tools) = &tools {
-        if req.session.is_some() {
-            return Err(ApiError::bad_request(
-                "tools cannot be used with `session` (a session's history holds text turns)",
-            ));
-        }
         let forced = tools
             .forced_call_schema(&choice)
             .map_err(|e| ApiError::bad_request(format!("tool_choice: {e}")))?;
@@ -660,7 +658,7 @@ pub fn chat_request(
     let request = match (&req.session, tools) {
         (None, Some(tools)) => Request::generate(Prompt::ChatWithTools { messages, tools }, params),
         (None, None) => Request::generate(Prompt::Chat(messages), params),
-        (Some(name), _) => {
+        (Some(name), tools) => {
             if name.is_empty() || name.len() > 256 {
                 return Err(ApiError::bad_request(
                     "session names are 1 to 256 bytes long",
@@ -671,22 +669,30 @@ pub fn chat_request(
                     "a session turn generates one choice (n = 1)",
                 ));
             }
-            // The client sends only the new message (after a system message for a new
+            // The client sends only the new messages — a user message, or the results of
+            // the functions the last reply called (after a system message for a new
             // session): the server holds the rest of the conversation.
-            let (system, user) = match messages.as_slice() {
-                [u] if u.role == "user" => (None, u.content.clone()),
-                [s, u] if s.role == "system" && u.role == "user" => {
-                    (Some(s.content.clone()), u.content.clone())
-                }
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "with `session`, send only the new user message (optionally after a \
-                         system message that opens a new session): the server keeps the \
-                         conversation",
-                    ));
-                }
+            let mut messages = messages;
+            let system = match messages.first() {
+                Some(s) if s.role == "system" => Some(messages.remove(0).content),
+                _ => None,
             };
-            let mut r = Request::turn(name, &user, params);
+            if messages.is_empty()
+                || messages
+                    .iter()
+                    .any(|m| m.role != "user" && m.role != "tool")
+            {
+                return Err(ApiError::bad_request(
+                    "with `session`, send only the new messages — a user message, or `tool` \
+                     results of the calls the last reply made — optionally after a system \
+                     message that opens a new session: the server keeps the conversation",
+                ));
+            }
+            let prompt = match tools {
+                Some(tools) => Prompt::ChatWithTools { messages, tools },
+                None => Prompt::Chat(messages),
+            };
+            let mut r = Request::generate(prompt, params);
             r.session = Some(SessionTurn {
                 name: name.clone(),
                 system,

@@ -351,6 +351,28 @@ def tools_api(c, args, haiku):
           f"a tool result is rendered into the prompt ({rt.usage.prompt_tokens} -> "
           f"{rr.usage.prompt_tokens} tokens): {rr.choices[0].message}")
 
+    # With a session the client sends only the new messages: the question, then the result
+    # of the call the server's copy of the conversation ends with.
+    sess = {"session": f"tools-{random.getrandbits(32)}"}
+    s1 = chat(c, args, ask, max_tokens=96, tools=[weather, add], extra_body=sess)
+    sc = s1.choices[0].message
+    check(s1.choices[0].finish_reason == "tool_calls" and sc.tool_calls
+          and sc.tool_calls[0].function.name == "get_weather",
+          f"a session's question is answered with a call: {sc}")
+    result = [{"role": "tool", "tool_call_id": sc.tool_calls[0].id,
+               "content": '{"temperature_c": 22, "sky": "sunny"}'}]
+    s2 = chat(c, args, result, max_tokens=64, tools=[weather, add], extra_body=sess)
+    check(0 < s2.usage.prompt_tokens < 40
+          and s2.choices[0].finish_reason in ("stop", "tool_calls", "length"),
+          f"then only the result is sent, and only it is new to the prompt "
+          f"({s2.usage.prompt_tokens} tokens): {s2.choices[0].message}")
+    try:
+        chat(c, args, [{"role": "user", "content": "x"}], max_tokens=8, tools=[add],
+             extra_body=sess)
+        check(False, "a session's tools cannot change")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "first turn" in str(e), f"other tools get 400: {e.body}")
+
     for kw, what in [
         (dict(tool_choice="required"), "tool_choice required without tools"),
         (dict(tools=[weather], tool_choice={"type": "function", "function": {"name": "x"}}),
