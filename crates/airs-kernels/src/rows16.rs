@@ -38,11 +38,12 @@
 //! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. The k-quant layouts are read in address order. One token of Q8_0
-//! or a k-quant is left to the hardware prefetchers (with software prefetches, `prefetcht0` of
-//! every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without);
-//! several tokens, which work on each line longer, and one token of Q4_0/Q5_0 (and Q4_1/Q5_1)
-//! prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one
+//! token stay in registers. The k-quant layouts are read in address order. One token of any
+//! type is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
+//! line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without; Q4_0 and
+//! Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4 than without); several tokens,
+//! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
+//! BENCHMARKS.md). (On AVX2, one
 //! token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]):
 //! AVX-512 VNNI (`mod x86`), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
 //! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
@@ -791,7 +792,7 @@ pub(crate) mod q4k {
                     for j in 0..4 {
                         // A quarter of the superblock 8 KiB ahead per quarter worked on.
                         let part = group_block / 4;
-                        crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part, false);
+                        crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part);
                         let qs = blk.add(codes + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
@@ -1196,7 +1197,7 @@ pub(crate) mod q6k {
                             // An eighth of the superblock 8 KiB ahead per eighth worked on.
                             let part = GROUP_BLOCK / 8;
                             let at = blk.add(part * (4 * h + fq));
-                            crate::rows16::x86::prefetch_ahead::<T>(at, part, false);
+                            crate::rows16::x86::prefetch_ahead::<T>(at, part);
                             // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
                             // 8h + 2fq (k < 4) and 8h + 2fq + 1.
                             let mut codes = [_mm512_setzero_si512(); 8];
@@ -1449,14 +1450,15 @@ mod x86 {
     }
 
     /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
-    /// activation rows read — for several tokens always, for one token only where
-    /// `one_token` (Q4_0 and Q5_0).
+    /// activation rows read — for several tokens, never for one.
     ///
     /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token
-    /// streams Q8_0 and the k-quants at the read rate on the hardware prefetchers alone, and a
-    /// software prefetch made it slower (Q8_0 5632×2048, two threads: 278-296 µs without, 325-379
-    /// with `prefetcht0` 16 KiB ahead, 333-425 with this one); Q4_0 and Q5_0, which unpack
-    /// nibbles and spend longer per byte, gain 5-10 % from it. With several tokens each line
+    /// streams every type at the read rate on the hardware prefetchers alone, and a software
+    /// prefetch made it slower (Q8_0 5632×2048, two threads: 278-296 µs without, 325-379 with
+    /// `prefetcht0` 16 KiB ahead, 333-425 with this one). Q4_0 and Q5_0, which unpack nibbles
+    /// and spend longer per byte, gained 5-10 % from it on an earlier host; on Zen 4 they ran
+    /// 12-14 % faster without it (one thread, 4864×896: Q5_0 21.6-21.8 → 24.1-25.4 GB/s, Q4_0
+    /// 21.5-22.7 → 25.1-25.7), and Qwen2.5-0.5B's decode, mostly Q5_0, 8-13 % faster. With several tokens each line
     /// is worked on several times as long, the out-of-order window covers fewer lines ahead,
     /// and the product from DRAM took twice as long as from cache, and far longer than one
     /// token's stream (Q6_K 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token
@@ -1467,9 +1469,9 @@ mod x86 {
     /// prefetch a superblock in parts, one per part of it they work on, not all 37-53 lines at
     /// once: Q6_K 4 tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864).
     #[inline]
-    pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize, one_token: bool) {
+    pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         const AHEAD: usize = 8192;
-        if T > 1 || one_token {
+        if T > 1 {
             for l in 0..bytes.div_ceil(64) {
                 // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
                 // (`wrapping_add` keeps the arithmetic defined).
@@ -1513,7 +1515,7 @@ mod x86 {
             // (caller).
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
-                prefetch_ahead::<T>(blk, GROUP_ROWS * bb, TY != 0);
+                prefetch_ahead::<T>(blk, GROUP_ROWS * bb);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                 let mut codes = [_mm512_setzero_si512(); 8];
                 match TY {
