@@ -200,6 +200,38 @@ struct Outcome {
     error: Option<airs_runtime::RuntimeError>,
 }
 
+/// The tools of `--tools FILE` (OpenAI's `tools` array) under `--tool-choice CHOICE` (auto,
+/// required, none or a function's name): a choice that forces a call puts `params` under the
+/// call's schema; `None` when the choice is `none` (the tools are not shown).
+pub fn tools_from_file(
+    path: &std::path::Path,
+    choice: &str,
+    params: &mut GenerationParams,
+) -> anyhow::Result<Option<Arc<Tools>>> {
+    let choice = match choice {
+        "auto" => ToolChoice::Auto,
+        "required" => ToolChoice::Required,
+        "none" => ToolChoice::None,
+        name => ToolChoice::Function(name.to_owned()),
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let list: Vec<SchemaValue> = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a JSON array", path.display()))?;
+    let tools = Arc::new(
+        Tools::from_openai(&list).with_context(|| format!("the tools in {}", path.display()))?,
+    );
+    if let Some(schema) = tools.forced_call_schema(&choice)? {
+        anyhow::ensure!(
+            params.format == OutputFormat::Text,
+            "a --tool-choice that forces a call cannot be combined with --format or \
+             --json-schema"
+        );
+        params.format = OutputFormat::JsonSchema(Arc::new(schema));
+    }
+    Ok((choice != ToolChoice::None).then_some(tools))
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // One model pool account: weights (through the registry), scratch and KV cache.
     let registry = args.pool.registry()?;
@@ -212,31 +244,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut params = args.sampling.params()?;
     let tools = match &args.tools {
         None => None,
-        Some(path) => {
-            let choice = match args.tool_choice.as_str() {
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                "none" => ToolChoice::None,
-                name => ToolChoice::Function(name.to_owned()),
-            };
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let list: Vec<SchemaValue> = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a JSON array", path.display()))?;
-            let tools = Arc::new(
-                Tools::from_openai(&list)
-                    .with_context(|| format!("the tools in {}", path.display()))?,
-            );
-            if let Some(schema) = tools.forced_call_schema(&choice)? {
-                anyhow::ensure!(
-                    params.format == OutputFormat::Text,
-                    "a --tool-choice that forces a call cannot be combined with --format or \
-                     --json-schema"
-                );
-                params.format = OutputFormat::JsonSchema(Arc::new(schema));
-            }
-            (choice != ToolChoice::None).then_some(tools)
-        }
+        Some(path) => tools_from_file(path, &args.tool_choice, &mut params)?,
     };
     let prompt_ids: Vec<u32> = if let Some(user) = &args.chat {
         let mut messages = Vec::new();
@@ -412,8 +420,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A call as `airs run` prints it: one JSON line, the arguments as the object they are.
-fn call_line(call: &ToolCall) -> String {
+/// A call as `airs run` and `airs session` print it: one JSON line, the arguments as the
+/// object they are.
+pub(crate) fn call_line(call: &ToolCall) -> String {
     let arguments: serde_json::Value =
         serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!(call.arguments));
     json!({"tool_call": {"name": call.name, "arguments": arguments}}).to_string()

@@ -13,6 +13,9 @@
 //!   rerun after a crash) are checked against the history and skipped; each new turn prints
 //!   `ack <turn> <json>` once committed.
 //! - `--show`: print the conversation (`--json`: an array of `{role, content, tokens}`).
+//! - `--tools FILE` (OpenAI's `tools` array; a session's first turn sets them): the reply's
+//!   calls print as JSON lines; `--tool-result TEXT` (once per call) sends the results of the
+//!   last reply's calls as the next turn, in place of a user message.
 //!
 //! Memory: the weights (`--loader`, lazy by default), the KV pool (`--pool`) and the scratch are
 //! all charged to the model pool (`--device-ram`, `--model-pool`); what does not fit fails at
@@ -26,10 +29,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use airs_engine::KvType;
+use airs_runtime::tools::parse_reply;
 use airs_runtime::{
-    ChoiceEnd, Completion, Durability, Event, HistoryStore, Priority, Request, Role, Scheduler,
-    SchedulerConfig, SessionTurn,
+    ChoiceEnd, Completion, Durability, Event, HistoryStore, Priority, Prompt, Request, Role,
+    Scheduler, SchedulerConfig, SessionTurn,
 };
+use airs_tokenizer::chat::ChatMessage;
 use anyhow::Context;
 use serde_json::json;
 
@@ -64,8 +69,31 @@ pub struct SessionArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// The user message.
-    #[arg(conflicts_with_all = ["script", "show"], required_unless_present_any = ["script", "show"])]
+    #[arg(
+        conflicts_with_all = ["script", "show", "tool_results"],
+        required_unless_present_any = ["script", "show", "tool_results"]
+    )]
     pub text: Option<String>,
+    /// Tools the session may call: a JSON file holding OpenAI's `tools` array. A session's
+    /// tools are set by its first turn (later turns give the same file, or none and the reply
+    /// is printed as text). Calls are
+    /// printed as JSON lines (`{"tool_call": {"name", "arguments"}}`) and with --json as
+    /// `tool_calls`.
+    #[arg(long, value_name = "FILE", conflicts_with = "show")]
+    pub tools: Option<PathBuf>,
+    /// Whether the reply calls a tool: auto (the model decides), required (a call of one of
+    /// them), none (the reply is text), or a function's name (a call of it).
+    #[arg(
+        long,
+        value_name = "CHOICE",
+        default_value = "auto",
+        requires = "tools"
+    )]
+    pub tool_choice: String,
+    /// The result of a call the session's last reply made, sent instead of a user message
+    /// (repeatable, one per call, in the calls' order).
+    #[arg(long = "tool-result", value_name = "TEXT", conflicts_with_all = ["script", "show"])]
+    pub tool_results: Vec<String>,
     /// A file of user messages, one per line; prints `ack <turn> <json>` after each commit.
     #[arg(long, conflicts_with = "show")]
     pub script: Option<PathBuf>,
@@ -179,10 +207,23 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
         eprintln!("airs: note: {n}");
     }
 
-    let mut turn = |text: &str| -> anyhow::Result<serde_json::Value> {
+    let mut params = args.sampling.params()?;
+    let tools = match &args.tools {
+        None => None,
+        Some(path) => crate::run::tools_from_file(path, &args.tool_choice, &mut params)?,
+    };
+    // A turn's JSON, and with tools its lines: the text, then each call.
+    type Reply = (serde_json::Value, Option<Vec<String>>);
+    let mut turn = |messages: Vec<ChatMessage>| -> anyhow::Result<Reply> {
         let started = std::time::Instant::now();
-        let mut request = Request::turn(&args.session, text, args.sampling.params()?)
-            .with_priority(args.priority);
+        let prompt = match &tools {
+            Some(tools) => Prompt::ChatWithTools {
+                messages,
+                tools: Arc::clone(tools),
+            },
+            None => Prompt::Chat(messages),
+        };
+        let mut request = Request::generate(prompt, params.clone()).with_priority(args.priority);
         request.session = Some(SessionTurn {
             name: args.session.clone(),
             system: args.system.clone(),
@@ -208,10 +249,25 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
         let (end, done) = end.zip(done).context("the turn ended without a result")?;
-        Ok(json!({
+        let calls = tools.as_ref().map(|t| parse_reply(t, &end.text));
+        let lines = calls.as_ref().map(|(text, calls)| {
+            let mut lines: Vec<String> = calls.iter().map(crate::run::call_line).collect();
+            if !text.is_empty() {
+                lines.insert(0, text.clone());
+            }
+            lines
+        });
+        let reply = json!({
             "session": args.session,
             "turn": done.turn,
             "text": end.text,
+            "content": calls.as_ref().map(|(text, _)| text),
+            "tool_calls": calls.as_ref().map(|(_, calls)| {
+                calls
+                    .iter()
+                    .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+                    .collect::<Vec<_>>()
+            }),
             "tokens": end.tokens,
             "stop_reason": end.reason.name(),
             "prompt_tokens": done.usage.prompt_tokens,
@@ -220,7 +276,8 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
             "rebuild": { "recomputed_tokens": done.rebuilt_tokens },
             "preemptions": done.preemptions,
             "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
-        }))
+        });
+        Ok((reply, lines))
     };
 
     if let Some(script) = &args.script {
@@ -236,7 +293,7 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
             );
         }
         for (n, line) in lines.iter().enumerate().skip(said.len()) {
-            let reply = turn(line)?;
+            let (reply, _) = turn(vec![ChatMessage::user(*line)])?;
             // The turn is committed: acknowledge it.
             writeln!(out, "ack {n} {reply}")?;
             out.flush()?;
@@ -244,13 +301,21 @@ pub fn run(args: SessionArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let text = args
-        .text
-        .as_deref()
-        .expect("clap requires text, --script or --show");
-    let reply = turn(text)?;
+    let messages = match &args.text {
+        Some(text) => vec![ChatMessage::user(text.as_str())],
+        None => args
+            .tool_results
+            .iter()
+            .map(|r| ChatMessage::new("tool", r.as_str()))
+            .collect(),
+    };
+    let (reply, lines) = turn(messages)?;
     if args.json {
         writeln!(out, "{reply}")?;
+    } else if let Some(lines) = lines {
+        for line in lines {
+            writeln!(out, "{line}")?;
+        }
     } else {
         writeln!(out, "{}", reply["text"].as_str().unwrap_or(""))?;
     }

@@ -493,3 +493,80 @@ fn bench_batch_serves_batched_requests_as_alone_and_weighs_them_against_the_dot_
         assert!((fraction * peak / macs_per_s - 1.0).abs() < 1e-9);
     }
 }
+
+#[test]
+fn a_session_with_tools_prints_its_calls_and_takes_their_results() {
+    // `airs session --tools`: the first turn sets the session's tools and prints Qwen's call;
+    // the next process sends only the result (`--tool-result`), and the history holds both
+    // as they were. A session without tools takes no results.
+    let tools = airs_testdata::repo_path("testdata/tools/weather-and-add.json");
+    let qwen = qwen_path();
+    let dir = std::env::temp_dir().join(format!("airs-cli-tools-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("sessions.db");
+    let session = |extra: &[&str]| {
+        let mut args = vec![
+            "session",
+            "--db",
+            path_str(&db),
+            "--model",
+            path_str(&qwen),
+            "--sync",
+            "normal",
+            "-n",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        airs(&args)
+    };
+    let out = session(&[
+        "--session",
+        "agent",
+        "--tools",
+        path_str(&tools),
+        "What's the weather like in Paris today?",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        r#"{"tool_call":{"arguments":{"city":"Paris"},"name":"get_weather"}}"#
+    );
+    let result = r#"{"temperature_c": 22, "sky": "sunny"}"#;
+    let out = session(&[
+        "--session",
+        "agent",
+        "--tools",
+        path_str(&tools),
+        "--tool-result",
+        result,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["turn"], 1);
+    assert!(reply["prompt_tokens"].as_u64().unwrap() < 40, "{reply}");
+    let shown: Value =
+        serde_json::from_slice(&session(&["--session", "agent", "--show", "--json"]).stdout)
+            .unwrap();
+    let roles: Vec<&str> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    assert_eq!(shown[2]["content"], result);
+    let out = session(&["--session", "plain", "--tool-result", result]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no tools"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
