@@ -308,7 +308,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         for part in parts {
             match part {
                 ReplyPart::Text(text) => write(&text),
-                ReplyPart::Call(call) => write(&format!("\n{}\n", call_line(&call))),
+                ReplyPart::Call(call) | ReplyPart::CallEnd(call) => {
+                    write(&format!("\n{}\n", call_line(&call)))
+                }
+                // A whole-call reader gives out no pieces of calls.
+                ReplyPart::CallBegin { .. } | ReplyPart::CallArguments(_) => {}
             }
         }
     };

@@ -25,6 +25,15 @@
 //! [`crate::json_schema`] enforces are held to any JSON object instead, since a forced call
 //! must still be generated.
 //!
+//! Streaming ([`ToolCallParser::streaming`], what the server's streamed replies use): a
+//! `<tool_call>` block whose JSON opens with `{"name": "<a declared tool>", "arguments": {`
+//! (or `"parameters"`) is given out as it is written — its name as soon as the arguments
+//! object opens, then the object's text piece by piece (whitespace outside strings dropped) —
+//! so a client sees a long call (a file's contents, say) grow instead of waiting for all of it.
+//! Once given out it stays a call, even if the object never closes properly (the model ran
+//! out of tokens): OpenAI's streamed arguments carry the same caveat. A block of another shape
+//! and bare JSON replies are read whole, as above.
+//!
 //! Cost: the parser holds back at most the text of one unfinished call (or, for a reply that
 //! opens as bare calls may — `{`, `[{`, an unmarked or `json` fence — the reply, read once at
 //! its end), and searches each pushed piece once; other text is released as soon as it cannot
@@ -96,11 +105,21 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// A piece of a reply: text, or a call.
+/// A piece of a reply: text, or a call — whole, or (from [`ToolCallParser::streaming`]) as
+/// it is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplyPart {
     Text(String),
     Call(ToolCall),
+    /// A call whose name is known opens; its arguments follow as [`ReplyPart::CallArguments`].
+    CallBegin {
+        name: String,
+    },
+    /// The next piece of the open call's arguments (JSON text, whitespace outside strings
+    /// dropped).
+    CallArguments(String),
+    /// The open call closed: the whole call, its arguments the pieces joined.
+    CallEnd(ToolCall),
 }
 
 impl Tools {
@@ -312,15 +331,64 @@ pub struct ToolCallParser {
     pending: String,
     /// Inside a call: how much of `pending` was searched for the closing tag.
     searched: usize,
+    /// Whether calls are given out as they are written ([`ToolCallParser::streaming`]).
+    stream: bool,
+    /// Inside a call, while streaming: how far it was read.
+    call: CallStream,
+}
+
+/// How far a `<tool_call>` block was read, while streaming.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum CallStream {
+    /// Its head, `{"name": ..., "arguments": `, is still being read.
+    #[default]
+    Head,
+    /// The arguments object is being given out: `pending[..scanned]` was read, `depth`
+    /// brackets are open, and the position is inside a string (after a backslash).
+    Arguments {
+        name: String,
+        text: String,
+        scanned: usize,
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+    /// The arguments object closed; the rest of the block is ignored.
+    Closed { name: String, text: String },
+    /// Not a call of the streamed shape: read whole at its end.
+    Whole,
+}
+
+/// What a block's text so far says about its head.
+enum Head {
+    /// Too little text to tell.
+    More,
+    /// Not `{"name": "<declared>", "arguments": {`.
+    Other,
+    /// The head of a call of `name`; its arguments object opens at byte `at`.
+    Call { name: String, at: usize },
 }
 
 impl ToolCallParser {
+    /// A parser that gives out each call whole, when it closes.
     pub fn new(tools: Arc<Tools>) -> ToolCallParser {
         ToolCallParser {
             tools,
             mode: Mode::Start,
             pending: String::new(),
             searched: 0,
+            stream: false,
+            call: CallStream::Head,
+        }
+    }
+
+    /// A parser that gives out `<tool_call>` blocks as they are written
+    /// ([`ReplyPart::CallBegin`], [`ReplyPart::CallArguments`], [`ReplyPart::CallEnd`]; see
+    /// the module documentation).
+    pub fn streaming(tools: Arc<Tools>) -> ToolCallParser {
+        ToolCallParser {
+            stream: true,
+            ..ToolCallParser::new(tools)
         }
     }
 
@@ -374,17 +442,25 @@ impl ToolCallParser {
                     while !self.pending.is_char_boundary(from) {
                         from -= 1;
                     }
-                    let Some(at) = self.pending[from..].find(CLOSE).map(|i| from + i) else {
+                    let close = self.pending[from..].find(CLOSE).map(|i| from + i);
+                    if self.stream {
+                        // Read up to the closing tag, or to what may be its start.
+                        let limit = close.unwrap_or_else(|| {
+                            self.pending.len() - partial_suffix(&self.pending, CLOSE)
+                        });
+                        self.advance_call(limit, &mut out);
+                    }
+                    let Some(at) = close else {
                         self.searched = self.pending.len();
                         break;
                     };
                     self.searched = 0;
                     let rest = self.pending[at + CLOSE.len()..].to_owned();
                     self.pending.truncate(at);
-                    let part = self.call_or_text(true);
+                    let part = self.end_call(true);
                     self.mode = match part {
-                        ReplyPart::Call(_) => Mode::Between,
                         ReplyPart::Text(_) => Mode::Text,
+                        _ => Mode::Between,
                     };
                     out.push(part);
                     self.pending = rest;
@@ -402,16 +478,20 @@ impl ToolCallParser {
             Mode::Between => {}
             Mode::Start | Mode::Text => push_text(&mut out, std::mem::take(&mut self.pending)),
             // An unclosed call (the model ended or ran out of tokens after its JSON).
-            Mode::InCall => out.push(self.call_or_text(false)),
+            Mode::InCall => {
+                if self.stream {
+                    let limit = self.pending.len();
+                    self.advance_call(limit, &mut out);
+                }
+                out.push(self.end_call(false));
+            }
             Mode::Bare => match self.tools.bare_calls(&self.pending) {
                 Some(calls) => out.extend(calls.into_iter().map(ReplyPart::Call)),
                 None => {
                     // Not calls after all: read it as text that may hold tagged calls.
                     let mut text = ToolCallParser {
-                        tools: Arc::clone(&self.tools),
                         mode: Mode::Text,
-                        pending: String::new(),
-                        searched: 0,
+                        ..ToolCallParser::new(Arc::clone(&self.tools))
                     };
                     out.extend(text.push(&self.pending));
                     out.extend(text.finish());
@@ -421,6 +501,94 @@ impl ToolCallParser {
         out
     }
 
+    /// Streaming inside a call: read `pending[..limit]` (a character boundary) further — the
+    /// head until it is known, then the arguments object, whose new text goes to `out`.
+    fn advance_call(&mut self, limit: usize, out: &mut Vec<ReplyPart>) {
+        if self.call == CallStream::Head {
+            match head(&self.tools, &self.pending[..limit]) {
+                Head::More => return,
+                Head::Other => {
+                    self.call = CallStream::Whole;
+                    return;
+                }
+                Head::Call { name, at } => {
+                    out.push(ReplyPart::CallBegin { name: name.clone() });
+                    self.call = CallStream::Arguments {
+                        name,
+                        text: String::new(),
+                        scanned: at,
+                        depth: 0,
+                        in_string: false,
+                        escaped: false,
+                    };
+                }
+            }
+        }
+        let CallStream::Arguments {
+            name,
+            text,
+            scanned,
+            depth,
+            in_string,
+            escaped,
+        } = &mut self.call
+        else {
+            return;
+        };
+        let mut piece = String::new();
+        let mut closed = false;
+        for c in self.pending[*scanned..limit].chars() {
+            *scanned += c.len_utf8();
+            if *in_string {
+                if *escaped {
+                    *escaped = false;
+                } else if c == '\\' {
+                    *escaped = true;
+                } else if c == '"' {
+                    *in_string = false;
+                }
+            } else {
+                match c {
+                    c if c.is_ascii_whitespace() => continue,
+                    '"' => *in_string = true,
+                    '{' | '[' => *depth += 1,
+                    '}' | ']' => *depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+            }
+            piece.push(c);
+            if *depth == 0 {
+                closed = true;
+                break;
+            }
+        }
+        text.push_str(&piece);
+        if !piece.is_empty() {
+            out.push(ReplyPart::CallArguments(piece));
+        }
+        if closed {
+            self.call = CallStream::Closed {
+                name: std::mem::take(name),
+                text: std::mem::take(text),
+            };
+        }
+    }
+
+    /// The end of the held call: a streamed call's end, else the body as a call or as the
+    /// text it was (with its tags).
+    fn end_call(&mut self, closed: bool) -> ReplyPart {
+        match std::mem::take(&mut self.call) {
+            CallStream::Arguments { name, text, .. } | CallStream::Closed { name, text } => {
+                self.pending.clear();
+                ReplyPart::CallEnd(ToolCall {
+                    name,
+                    arguments: text,
+                })
+            }
+            CallStream::Head | CallStream::Whole => self.call_or_text(closed),
+        }
+    }
+
     /// The held call body as a call, or as the text it was (with its tags).
     fn call_or_text(&mut self, closed: bool) -> ReplyPart {
         let body = std::mem::take(&mut self.pending);
@@ -428,6 +596,87 @@ impl ToolCallParser {
             Some(call) => ReplyPart::Call(call),
             None => ReplyPart::Text(format!("{OPEN}{body}{}", if closed { CLOSE } else { "" })),
         }
+    }
+}
+
+/// Read the head of a `<tool_call>` block's JSON, `{"name": "<declared>", "arguments": {`
+/// (or `"parameters"`), whitespace allowed between tokens.
+fn head(tools: &Tools, body: &str) -> Head {
+    let bytes = body.as_bytes();
+    let mut at = 0;
+    // Skip whitespace, then expect `literal`: `Some(true)` when it matched, `None` when the
+    // text ends inside it.
+    let expect = |at: &mut usize, literal: &str| -> Option<bool> {
+        while *at < bytes.len() && bytes[*at].is_ascii_whitespace() {
+            *at += 1;
+        }
+        let rest = &body[*at..];
+        if rest.len() < literal.len() {
+            return if literal.starts_with(rest) {
+                None
+            } else {
+                Some(false)
+            };
+        }
+        if rest.starts_with(literal) {
+            *at += literal.len();
+            Some(true)
+        } else {
+            Some(false)
+        }
+    };
+    macro_rules! step {
+        ($literal:expr) => {
+            match expect(&mut at, $literal) {
+                None => return Head::More,
+                Some(false) => return Head::Other,
+                Some(true) => {}
+            }
+        };
+    }
+    step!("{");
+    step!("\"name\"");
+    step!(":");
+    step!("\"");
+    let Some(len) = body[at..].find('"') else {
+        return if body[at..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+            && body.len() - at <= MAX_NAME_BYTES
+        {
+            Head::More
+        } else {
+            Head::Other
+        };
+    };
+    let name = &body[at..at + len];
+    if !tools.functions.iter().any(|f| f.name == name) {
+        return Head::Other;
+    }
+    at += len + 1;
+    step!(",");
+    let key_at = at;
+    let arguments = expect(&mut at, "\"arguments\"");
+    if arguments != Some(true) {
+        at = key_at;
+        match (arguments, expect(&mut at, "\"parameters\"")) {
+            (_, Some(true)) => {}
+            (None, _) | (_, None) => return Head::More,
+            _ => return Head::Other,
+        }
+    }
+    step!(":");
+    // The arguments object opens here.
+    while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+        at += 1;
+    }
+    match bytes.get(at) {
+        None => Head::More,
+        Some(b'{') => Head::Call {
+            name: name.to_owned(),
+            at,
+        },
+        Some(_) => Head::Other,
     }
 }
 
@@ -489,7 +738,8 @@ pub fn parse_reply(tools: &Arc<Tools>, reply: &str) -> (String, Vec<ToolCall>) {
     for part in parts {
         match part {
             ReplyPart::Text(t) => text.push_str(&t),
-            ReplyPart::Call(c) => calls.push(c),
+            ReplyPart::Call(c) | ReplyPart::CallEnd(c) => calls.push(c),
+            ReplyPart::CallBegin { .. } | ReplyPart::CallArguments(_) => {}
         }
     }
     (text, calls)
@@ -740,6 +990,116 @@ mod tests {
         assert!(!accepts(&s, r#"{"name":"f","arguments":{"p":{"x":1}}}"#));
     }
 
+    /// A streaming parser's parts with each streamed call joined into one `Call`, and
+    /// neighbouring texts into one.
+    fn joined(parts: Vec<ReplyPart>) -> Vec<ReplyPart> {
+        let mut out: Vec<ReplyPart> = Vec::new();
+        let mut open: Option<ToolCall> = None;
+        for p in parts {
+            match p {
+                ReplyPart::CallBegin { name } => {
+                    assert!(open.is_none(), "a call opens inside another");
+                    open = Some(call(&name, ""));
+                }
+                ReplyPart::CallArguments(piece) => {
+                    open.as_mut().expect("arguments of an open call").arguments += &piece;
+                }
+                ReplyPart::CallEnd(c) => {
+                    let streamed = open.take().expect("the end of an open call");
+                    assert_eq!(c, streamed, "the end holds what was streamed");
+                    out.push(ReplyPart::Call(c));
+                }
+                p => {
+                    assert!(open.is_none(), "{p:?} inside a streamed call");
+                    out.push(p);
+                }
+            }
+        }
+        assert!(open.is_none(), "a streamed call never ended");
+        merged(out)
+    }
+
+    #[test]
+    fn a_tagged_call_streams_its_name_then_its_arguments() {
+        let t = tools();
+        let mut p = ToolCallParser::streaming(Arc::clone(&t));
+        assert_eq!(
+            p.push("Let me check.\n<tool_"),
+            [ReplyPart::Text("Let me check.\n".into())]
+        );
+        assert!(p.push("call>\n{\"name\": \"get_wea").is_empty());
+        assert!(p.push("ther\", \"arguments\"").is_empty());
+        assert_eq!(
+            p.push(": {\"city\": \"New {York} \\\"NY\\\"\", "),
+            [
+                ReplyPart::CallBegin {
+                    name: "get_weather".into()
+                },
+                ReplyPart::CallArguments(r#"{"city":"New {York} \"NY\"","#.into())
+            ]
+        );
+        assert_eq!(
+            p.push("\"unit\": \"c\"}}\n</tool_call>\nDone"),
+            [
+                ReplyPart::CallArguments(r#""unit":"c"}"#.into()),
+                ReplyPart::CallEnd(call(
+                    "get_weather",
+                    r#"{"city":"New {York} \"NY\"","unit":"c"}"#
+                )),
+                ReplyPart::Text("Done".into())
+            ]
+        );
+        assert!(p.finish().is_empty());
+        // What the whole reader reads of the same call: the same arguments.
+        let (_, calls) = parse_reply(
+            &t,
+            "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"New {York} \\\"NY\\\"\", \"unit\": \"c\"}}</tool_call>",
+        );
+        assert_eq!(
+            calls,
+            [call(
+                "get_weather",
+                r#"{"city":"New {York} \"NY\"","unit":"c"}"#
+            )]
+        );
+
+        // `parameters` too; a call cut short by the end of the reply still ends.
+        let mut p = ToolCallParser::streaming(Arc::clone(&t));
+        let mut parts = p.push("<tool_call> { \"name\" : \"add\" , \"parameters\" : {\"a\": 1");
+        parts.extend(p.finish());
+        assert_eq!(
+            parts,
+            [
+                ReplyPart::CallBegin { name: "add".into() },
+                ReplyPart::CallArguments(r#"{"a":1"#.into()),
+                ReplyPart::CallEnd(call("add", r#"{"a":1"#))
+            ]
+        );
+        // Other shapes are read whole: an undeclared name stays text; arguments as a string
+        // or keys in another order come out as one call.
+        for (reply, whole) in [
+            (
+                "<tool_call>{\"name\": \"launch\", \"arguments\": {}}</tool_call>",
+                ReplyPart::Text(
+                    "<tool_call>{\"name\": \"launch\", \"arguments\": {}}</tool_call>".into(),
+                ),
+            ),
+            (
+                "<tool_call>{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>",
+                ReplyPart::Call(call("add", r#"{"a":1}"#)),
+            ),
+            (
+                "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"add\"}</tool_call>",
+                ReplyPart::Call(call("add", r#"{"a":1}"#)),
+            ),
+        ] {
+            let mut p = ToolCallParser::streaming(Arc::clone(&t));
+            let mut parts = p.push(reply);
+            parts.extend(p.finish());
+            assert_eq!(parts, [whole], "{reply}");
+        }
+    }
+
     /// Pieces replies are made of: text, tags, calls, whitespace, fences, partial tags.
     fn piece() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -807,6 +1167,26 @@ mod tests {
             let expected = merged(expected);
             prop_assert_eq!(merged(got), expected.clone());
             let calls = expected.iter().filter(|p| matches!(p, ReplyPart::Call(_))).count();
+            // A streaming parser reads the same whatever the pieces, and its streamed calls'
+            // pieces join into their ends.
+            let streaming = |bounds: &[usize]| {
+                let mut p = ToolCallParser::streaming(Arc::clone(&t));
+                let mut parts = Vec::new();
+                let mut from = 0;
+                for &b in bounds.iter().chain([reply.len()].iter()) {
+                    parts.extend(p.push(&reply[from..b]));
+                    from = b;
+                }
+                parts.extend(p.finish());
+                joined(parts)
+            };
+            let mut bounds: Vec<usize> = cuts
+                .iter()
+                .map(|c| c.index(reply.len() + 1))
+                .filter(|&i| reply.is_char_boundary(i))
+                .collect();
+            bounds.sort_unstable();
+            prop_assert_eq!(streaming(&bounds), streaming(&[]));
             if calls == 0 {
                 let text: String = expected
                     .iter()

@@ -6,8 +6,10 @@
 //! blocks before the next step).
 //!
 //! Streams follow OpenAI: one id on every chunk, the role in each choice's first delta, the
-//! text as it becomes final, a request with tools' calls each whole in one `tool_calls` delta
-//! (text that may still open a call held back until it cannot: [`ToolCallParser`]),
+//! text as it becomes final, a request with tools' calls as `tool_calls` deltas — a
+//! `<tool_call>` block's as it is written (its name, then its arguments in pieces), other
+//! calls each whole in one (text that may still open a call held back until it cannot:
+//! [`ToolCallParser::streaming`]),
 //! `finish_reason` (`stop`, `length` or `tool_calls`) in each choice's last chunk,
 //! a usage chunk (empty `choices`) when `stream_options.include_usage` is set, then
 //! `data: [DONE]`. Usage always carries `prompt_tokens_details.cached_tokens`.
@@ -356,6 +358,64 @@ struct StreamChoice {
     state: ChoiceState,
     parser: Option<ToolCallParser>,
     calls: usize,
+    /// A call is being streamed (its header sent, its arguments following).
+    open_call: bool,
+}
+
+/// What a reply part becomes in a chat stream's delta.
+#[derive(Debug, PartialEq)]
+enum PartDelta {
+    /// Text: a `content` delta.
+    Content(String),
+    /// A `tool_calls` delta (`[{"index", ...}]`).
+    ToolCalls(Value),
+}
+
+impl StreamChoice {
+    /// The deltas of `parts`: text as content, calls as `tool_calls` — a whole call in one
+    /// delta (id, type, name and arguments), a streamed one as a delta of its id, type, name
+    /// and empty arguments, then one per piece of its arguments. Without `parallel` calls
+    /// after the first are dropped.
+    fn deltas(&mut self, parts: Vec<ReplyPart>, parallel: bool) -> Vec<PartDelta> {
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                ReplyPart::Text(text) => out.push(PartDelta::Content(text)),
+                ReplyPart::Call(call) if parallel || self.calls == 0 => {
+                    out.push(PartDelta::ToolCalls(json!([call_json(
+                        &call,
+                        Some(self.calls)
+                    )])));
+                    self.calls += 1;
+                }
+                ReplyPart::CallBegin { name } if parallel || self.calls == 0 => {
+                    let call = ToolCall {
+                        name,
+                        arguments: String::new(),
+                    };
+                    out.push(PartDelta::ToolCalls(json!([call_json(
+                        &call,
+                        Some(self.calls)
+                    )])));
+                    self.open_call = true;
+                }
+                ReplyPart::CallArguments(piece) if self.open_call => {
+                    out.push(PartDelta::ToolCalls(
+                        json!([{"index": self.calls, "function": {"arguments": piece}}]),
+                    ));
+                }
+                ReplyPart::CallEnd(_) if self.open_call => {
+                    self.open_call = false;
+                    self.calls += 1;
+                }
+                ReplyPart::Call(_)
+                | ReplyPart::CallBegin { .. }
+                | ReplyPart::CallArguments(_)
+                | ReplyPart::CallEnd(_) => {}
+            }
+        }
+        out
+    }
 }
 
 /// The SSE events of a streamed answer (see the module documentation).
@@ -403,23 +463,16 @@ fn event_stream(
             json!([{"index": i, "text": text, "logprobs": logprobs, "finish_reason": null}])
         }
     };
-    let tool_call = move |i: usize, call: &ToolCall, k: usize| json!([{"index": i, "delta": {"tool_calls": [call_json(call, Some(k))]}, "logprobs": null, "finish_reason": null}]);
     let parallel = delivery.parallel_tool_calls;
     // The chunks of a choice's reply parts: text as content, calls as tool_calls deltas.
     let parts_chunks = move |c: &mut StreamChoice, i: usize, parts: Vec<ReplyPart>, lp: Value| {
         let mut chunks = Vec::new();
         let mut lp = Some(lp);
-        for part in parts {
-            match part {
-                ReplyPart::Text(text) => {
-                    chunks.push(content(i, &text, lp.take().unwrap_or(Value::Null)));
-                }
-                ReplyPart::Call(call) if parallel || c.calls == 0 => {
-                    chunks.push(tool_call(i, &call, c.calls));
-                    c.calls += 1;
-                }
-                ReplyPart::Call(_) => {}
-            }
+        for delta in c.deltas(parts, parallel) {
+            chunks.push(match delta {
+                PartDelta::Content(text) => content(i, &text, lp.take().unwrap_or(Value::Null)),
+                PartDelta::ToolCalls(calls) => json!([{"index": i, "delta": {"tool_calls": calls}, "logprobs": null, "finish_reason": null}]),
+            });
         }
         if let Some(lp) = lp.filter(|lp| !lp.is_null()) {
             chunks.push(content(i, "", lp));
@@ -440,8 +493,9 @@ fn event_stream(
             parser: delivery
                 .tools
                 .as_ref()
-                .map(|t| ToolCallParser::new(Arc::clone(t))),
+                .map(|t| ToolCallParser::streaming(Arc::clone(t))),
             calls: 0,
+            open_call: false,
         })
         .collect();
     let state = (sub, queue, false, choices);
@@ -678,4 +732,77 @@ pub async fn detokenize(State(state): State<AppState>, body: Bytes) -> Response 
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airs_runtime::json_schema::SchemaValue;
+    use airs_runtime::tools::Tools;
+
+    fn choice(tools: &Arc<Tools>) -> StreamChoice {
+        StreamChoice {
+            state: ChoiceState::default(),
+            parser: Some(ToolCallParser::streaming(Arc::clone(tools))),
+            calls: 0,
+            open_call: false,
+        }
+    }
+
+    #[test]
+    fn a_tagged_call_streams_as_a_header_then_argument_pieces() {
+        let list: Vec<SchemaValue> =
+            serde_json::from_str(include_str!("../../../testdata/tools/weather-and-add.json"))
+                .unwrap();
+        let tools = Arc::new(Tools::from_openai(&list).unwrap());
+        let reply = [
+            "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci",
+            "ty\": \"Paris\"",
+            "}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}",
+            "\n</tool_call>",
+        ];
+        for parallel in [true, false] {
+            let mut c = choice(&tools);
+            let mut deltas = Vec::new();
+            for piece in reply {
+                let parts = c.parser.as_mut().unwrap().push(piece);
+                deltas.extend(c.deltas(parts, parallel));
+            }
+            let parts = c.parser.take().unwrap().finish();
+            deltas.extend(c.deltas(parts, parallel));
+            assert_eq!(deltas[0], PartDelta::Content("Checking.\n".into()));
+            // As OpenAI's client accumulates them: by index, names and arguments joined.
+            let mut calls: Vec<(String, String)> = Vec::new();
+            for d in &deltas[1..] {
+                let PartDelta::ToolCalls(v) = d else {
+                    panic!("{d:?}")
+                };
+                let k = v[0]["index"].as_u64().unwrap() as usize;
+                if k == calls.len() {
+                    assert_eq!(v[0]["type"], "function", "{v}");
+                    assert!(v[0]["id"].as_str().unwrap().starts_with("call_"), "{v}");
+                    calls.push(Default::default());
+                }
+                let f = &v[0]["function"];
+                calls[k].0 += f["name"].as_str().unwrap_or("");
+                calls[k].1 += f["arguments"].as_str().unwrap_or("");
+            }
+            let got: Vec<(&str, &str)> = calls
+                .iter()
+                .map(|(n, a)| (n.as_str(), a.as_str()))
+                .collect();
+            let want = [
+                ("get_weather", r#"{"city":"Paris"}"#),
+                ("add", r#"{"a":1,"b":2}"#),
+            ];
+            assert_eq!(
+                got,
+                want[..if parallel { 2 } else { 1 }],
+                "parallel {parallel}"
+            );
+            assert_eq!(c.calls, got.len());
+            // The first call came in pieces: its header and more than one piece of arguments.
+            assert!(deltas.len() >= 4, "{deltas:?}");
+        }
+    }
 }
