@@ -537,7 +537,9 @@ impl ToolCallParser {
         };
         let mut piece = String::new();
         let mut closed = false;
-        for c in self.pending[*scanned..limit].chars() {
+        // (The closing tag is never found before what was read: `limit` excluded any text
+        // that might start it.)
+        for c in self.pending[(*scanned).min(limit)..limit].chars() {
             *scanned += c.len_utf8();
             if *in_string {
                 if *escaped {
@@ -1122,6 +1124,8 @@ mod tests {
             Just("é".to_owned()),
             Just(r#"{"name": "add", "arguments": {"a": 1, "b": 2}}"#.to_owned()),
             Just(r#"{"name": "nope", "arguments": {}}"#.to_owned()),
+            Just(r#"{"name": "get_weather", "parameters": {"city": "a\"}b"}}"#.to_owned()),
+            "[a-z{}\\[\\]\": ,<>/_é\\\\]{0,6}",
         ]
     }
 
