@@ -1452,22 +1452,21 @@ mod x86 {
     /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
     /// activation rows read — for several tokens, never for one.
     ///
-    /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token
-    /// streams every type at the read rate on the hardware prefetchers alone, and a software
-    /// prefetch made it slower (Q8_0 5632×2048, two threads: 278-296 µs without, 325-379 with
-    /// `prefetcht0` 16 KiB ahead, 333-425 with this one). Q4_0 and Q5_0, which unpack nibbles
-    /// and spend longer per byte, gained 5-10 % from it on an earlier host; on Zen 4 they ran
-    /// 12-14 % faster without it (one thread, 4864×896: Q5_0 21.6-21.8 → 24.1-25.4 GB/s, Q4_0
-    /// 21.5-22.7 → 25.1-25.7), and Qwen2.5-0.5B's decode, mostly Q5_0, 8-13 % faster. With several tokens each line
-    /// is worked on several times as long, the out-of-order window covers fewer lines ahead,
-    /// and the product from DRAM took twice as long as from cache, and far longer than one
-    /// token's stream (Q6_K 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token
-    /// 293); this prefetch closes much of that (Q6_K 4
-    /// tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens 295 →
-    /// 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
-    /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels
-    /// prefetch a superblock in parts, one per part of it they work on, not all 37-53 lines at
-    /// once: Q6_K 4 tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864).
+    /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token streams
+    /// every type at the read rate on the hardware prefetchers alone, and a software prefetch made
+    /// it slower (Q8_0 5632×2048, two threads: 278-296 µs without, 325-379 with `prefetcht0` 16 KiB
+    /// ahead, 333-425 with this one). Q4_0 and Q5_0, which unpack nibbles and spend longer per
+    /// byte, gained 5-10 % from it on an earlier host; on Zen 4 they ran 12-14 % faster without it
+    /// (one thread, 4864×896: Q5_0 21.6-21.8 → 24.1-25.4 GB/s, Q4_0 21.5-22.7 → 25.1-25.7), and
+    /// Qwen2.5-0.5B's decode, mostly Q5_0, 8-13 % faster. With several tokens each line is worked
+    /// on several times as long, the out-of-order window covers fewer lines ahead, and the product
+    /// from DRAM took twice as long as from cache, and far longer than one token's stream (Q6_K
+    /// 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token 293); this prefetch closes
+    /// much of that (Q6_K 4 tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens
+    /// 295 → 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
+    /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels prefetch a
+    /// superblock in parts, one per part of it they work on, not all 37-53 lines at once: Q6_K 4
+    /// tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864).
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         const AHEAD: usize = 8192;

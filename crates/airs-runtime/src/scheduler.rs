@@ -69,12 +69,12 @@
 //! prompt's blocks: the first choice prefills, the others fork its block table (copy-on-write)
 //! when its prompt is done and sample from the same logits with their own seeds.
 //!
-//! Sessions ([`crate::sessions`]): a request with a [`crate::request::SessionTurn`] appends its
-//! new messages (a user message, or the results of the functions the last reply called) and
-//! the reply to a persistent conversation, rendered with the session's tools if it has any. It is admitted when the session has no other
-//! turn in flight; it starts from the session's cached KV if eviction left it whole, else from
-//! the prefix index (what survived), and recomputes the rest. The turn is committed to the
-//! history store before [`Event::Done`] is sent.
+//! Sessions ([`crate::sessions`]): a request with a [`crate::request::SessionTurn`] appends its new
+//! messages (a user message, or the results of the functions the last reply called) and the reply
+//! to a persistent conversation, rendered with the session's tools if it has any. It is admitted
+//! when the session has no other turn in flight; it starts from the session's cached KV if eviction
+//! left it whole, else from the prefix index (what survived), and recomputes the rest. The turn is
+//! committed to the history store before [`Event::Done`] is sent.
 //!
 //! Cancellation ([`Scheduler::cancel`], or a sink that reports its receiver gone) frees the
 //! request's blocks at once; a cancelled session turn commits nothing.

@@ -10,8 +10,8 @@
 //! first, whose reply it must see. A turn is its new messages (a user message, or the results
 //! of the functions the last reply called) and the reply; a session's tools (the functions it
 //! may call) are rendered at its start, so its first turn sets them. A turn is committed — its
-//! new messages and the reply in one transaction — before the runtime reports it done (the acknowledgement), so a killed process
-//! loses no acknowledged message and never half a turn.
+//! new messages and the reply in one transaction — before the runtime reports it done (the
+//! acknowledgement), so a killed process loses no acknowledged message and never half a turn.
 //!
 //! Cost: a session holds its token ids and its messages' texts in memory, its KV blocks in the
 //! pool while cached, and its messages on disk.

@@ -40,7 +40,8 @@
 //! lock: WAL lets them read while the writer runs. The lock is the kernel's, so a killed
 //! process leaves none behind.
 //!
-//! Cost: a turn is one transaction of an insert per message (the new ones and the reply); loading a session reads its messages once.
+//! Cost: a turn is one transaction of an insert per message (the new ones and the reply); loading a
+//! session reads its messages once.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
