@@ -1458,7 +1458,7 @@ mod x86 {
     /// ahead, 333-425 with this one). Q4_0 and Q5_0, which unpack nibbles and spend longer per
     /// byte, gained 5-10 % from it on an earlier host; on Zen 4 they ran 12-14 % faster without it
     /// (one thread, 4864×896: Q5_0 21.6-21.8 → 24.1-25.4 GB/s, Q4_0 21.5-22.7 → 25.1-25.7), and
-    /// Qwen2.5-0.5B's decode, mostly Q5_0, 8-13 % faster. With several tokens each line is worked
+    /// Qwen2.5-0.5B's decode, mostly Q5_0, 8-25 % faster. With several tokens each line is worked
     /// on several times as long, the out-of-order window covers fewer lines ahead, and the product
     /// from DRAM took twice as long as from cache, and far longer than one token's stream (Q6_K
     /// 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token 293); this prefetch closes

@@ -16,10 +16,11 @@
 //! persisted tokens, so a rebuild recomputes exactly what was there. The first turn is the
 //! chat template's rendering of the system and user messages with the generation prompt. A
 //! later turn appends only the difference: the template rendering of the whole conversation
-//! plus the new user message, minus the text the sequence already holds (the previous
-//! rendering with generation prompt, followed by the reply as generated). When the template
-//! does not render the earlier conversation as a prefix (a template that rewrites earlier
-//! turns), the new user message is rendered on its own. Replies are generated tokens and are
+//! plus the turn's new messages (a user message, or function results), minus the text the
+//! sequence already holds (the previous rendering with generation prompt, followed by the
+//! reply as generated). When the template does not render the earlier conversation as a
+//! prefix (a template that rewrites earlier turns), the new messages are rendered on their
+//! own. Replies are generated tokens and are
 //! never re-tokenized.
 //!
 //! Cost: building reads the header (and norm vectors as layers run); the tokenizer's tables

@@ -628,6 +628,16 @@ impl Scheduler {
         positions.div_ceil(self.config.tokens_per_block as usize) as u32
     }
 
+    /// `Some` when `positions` need more blocks than the whole pool has: no eviction or
+    /// finished request can ever make room for them.
+    fn pool_too_small(&self, positions: usize) -> Option<PoolTooSmall> {
+        let total = self.pool.memory().blocks_total();
+        (self.blocks_for(positions) > total).then(|| PoolTooSmall {
+            needed_tokens: positions,
+            pool_tokens: total as usize * self.pool.tokens_per_block(),
+        })
+    }
+
     // -----------------------------------------------------------------------------------------
     // Submission and cancellation.
 
@@ -783,10 +793,7 @@ impl Scheduler {
                     };
                     let mut report =
                         self.exhausted_report(format!("a prompt of {}", tokens.len()), e, None);
-                    report.exceeds_pool = Some(PoolTooSmall {
-                        needed_tokens: tokens.len() + room,
-                        pool_tokens: total as usize * self.pool.tokens_per_block(),
-                    });
+                    report.exceeds_pool = self.pool_too_small(tokens.len() + room);
                     return Err(RuntimeError::new(RuntimeErrorKind::PoolExhausted(
                         Box::new(report),
                     )));
@@ -1470,12 +1477,7 @@ impl Scheduler {
             self.seq_mut(id).kv = None;
             if need > total.saturating_sub(protected) {
                 let mut report = self.exhausted_report(name, e, Some(id));
-                if need > total {
-                    report.exceeds_pool = Some(PoolTooSmall {
-                        needed_tokens: need_len,
-                        pool_tokens: total as usize * self.pool.tokens_per_block(),
-                    });
-                }
+                report.exceeds_pool = self.pool_too_small(need_len);
                 return Admission::Failed(RuntimeError::new(RuntimeErrorKind::PoolExhausted(
                     Box::new(report),
                 )));

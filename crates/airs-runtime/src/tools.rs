@@ -1151,45 +1151,32 @@ mod tests {
         ) {
             let t = tools();
             let reply: String = pieces.concat();
-            let mut whole = ToolCallParser::new(Arc::clone(&t));
-            let mut expected = whole.push(&reply);
-            expected.extend(whole.finish());
             let mut bounds: Vec<usize> = cuts
                 .iter()
                 .map(|c| c.index(reply.len() + 1))
                 .filter(|&i| reply.is_char_boundary(i))
                 .collect();
             bounds.sort_unstable();
-            let mut streamed = ToolCallParser::new(Arc::clone(&t));
-            let mut got = Vec::new();
-            let mut from = 0;
-            for b in bounds.into_iter().chain([reply.len()]) {
-                got.extend(streamed.push(&reply[from..b]));
-                from = b;
-            }
-            got.extend(streamed.finish());
-            let expected = merged(expected);
-            prop_assert_eq!(merged(got), expected.clone());
+            // The parts `parser` gives for the reply pushed in the pieces `bounds` cut.
+            let read = |mut parser: ToolCallParser, bounds: &[usize]| {
+                let mut parts = Vec::new();
+                let mut from = 0;
+                for &b in bounds.iter().chain([reply.len()].iter()) {
+                    parts.extend(parser.push(&reply[from..b]));
+                    from = b;
+                }
+                parts.extend(parser.finish());
+                parts
+            };
+            let expected = merged(read(ToolCallParser::new(Arc::clone(&t)), &[]));
+            let got = merged(read(ToolCallParser::new(Arc::clone(&t)), &bounds));
+            prop_assert_eq!(got, expected.clone());
             let calls = expected.iter().filter(|p| matches!(p, ReplyPart::Call(_))).count();
             // A streaming parser reads the same whatever the pieces, and its streamed calls'
             // pieces join into their ends.
             let streaming = |bounds: &[usize]| {
-                let mut p = ToolCallParser::streaming(Arc::clone(&t));
-                let mut parts = Vec::new();
-                let mut from = 0;
-                for &b in bounds.iter().chain([reply.len()].iter()) {
-                    parts.extend(p.push(&reply[from..b]));
-                    from = b;
-                }
-                parts.extend(p.finish());
-                joined(parts)
+                joined(read(ToolCallParser::streaming(Arc::clone(&t)), bounds))
             };
-            let mut bounds: Vec<usize> = cuts
-                .iter()
-                .map(|c| c.index(reply.len() + 1))
-                .filter(|&i| reply.is_char_boundary(i))
-                .collect();
-            bounds.sort_unstable();
             prop_assert_eq!(streaming(&bounds), streaming(&[]));
             if calls == 0 {
                 let text: String = expected

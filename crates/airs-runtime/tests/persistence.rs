@@ -65,6 +65,18 @@ fn temp_db(tag: &str) -> PathBuf {
     dir.join("history.db")
 }
 
+/// This test binary run as a child process: only the test `name`, which does its work when
+/// the variable `db_var` names its database; its stdout piped.
+fn spawn_child(name: &str, db_var: &str, db: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(db_var, db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// The replies of the whole script served by one scheduler in memory.
 fn reference() -> Vec<Vec<u32>> {
     let mut s = scheduler_over(HistoryStore::open_in_memory().unwrap());
@@ -141,18 +153,7 @@ fn sigkill_mid_conversation_loses_no_acknowledged_turn() {
     // Kill right after an acknowledgement, and a little later (mid-generation or mid-commit).
     for (kill_after, delay_us) in [(1usize, 0u64), (2, 1_000), (3, 3_000)] {
         let db = temp_db(&format!("kill{kill_after}"));
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "crash_child_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("AIRS_RUNTIME_CRASH_DB", &db)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child("crash_child_process", "AIRS_RUNTIME_CRASH_DB", &db);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut acked: Vec<(usize, String)> = Vec::new();
         for line in stdout.lines() {
@@ -212,18 +213,7 @@ fn one_process_writes_a_session_database() {
         let b = HistoryStore::open(&db, Durability::Full).unwrap();
         drop((a, b));
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "writer_child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("AIRS_RUNTIME_WRITER_DB", &db)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child("writer_child_process", "AIRS_RUNTIME_WRITER_DB", &db);
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     while !line.contains("WRITING") {
