@@ -14,6 +14,14 @@
 #   IK_BUILD_BIN: the directory holding ik_llama.cpp's llama-bench
 # Prints markdown tables on stdout: the speeds, and decode as weight bandwidth against airs'
 # read-bandwidth probe of the same sittings. Progress on stderr.
+#
+# Placement: a virtual machine's host moves its vCPUs every few seconds to minutes, and on the
+# 2-vCPU benchmark host two threads read either ~36 or ~66 GB/s (one chiplet's link to memory
+# or two) and sometimes get one core's multipliers instead of two (`airs bench host`,
+# crates/airs-engine/src/cores.rs). Every engine's prefill and decode run is bracketed by
+# `airs bench host`; a decode run is "2 links" when both probes read >= 1.5x one thread, "1
+# link" when both read < 1.3x, else "moved"; a prefill run "2 cores" / "1 core" likewise by
+# the int8 dot rate. The last tables compare the engines within each placement.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -41,80 +49,137 @@ results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 
 load() { cut -d' ' -f1 /proc/loadavg; }
-ik() { # model, extra args... → "pp tg"
+ik() { # model, llama-bench test args... -> its one test's tokens/s
   local m=$1
   shift
-  "$ik_bin/llama-bench" -m "$m" -t $threads -r 3 -p 512 -n 128 -o json "$@" 2>/dev/null |
+  "$ik_bin/llama-bench" -m "$m" -t $threads -r 3 -o json "$@" 2>/dev/null |
+    python3 -c 'import json,sys
+print("%.1f" % json.load(sys.stdin)[0]["avg_ts"])'
+}
+host() { # -> "dot_cores read_scaling" of the threads right now
+  "$airs" bench host --threads $threads --json 2>/dev/null |
     python3 -c 'import json,sys
 d = json.load(sys.stdin)
-pp = [r["avg_ts"] for r in d if r["n_gen"] == 0][0]
-tg = [r["avg_ts"] for r in d if r["n_prompt"] == 0][0]
-print(f"{pp:.1f} {tg:.1f}")'
+print("%.2f %.2f" % (d["dot_cores"], d["read_scaling"]))'
 }
 airs_json() { # model, prompt tokens → bench decode's JSON
   "$airs" bench decode --model "$1" --threads $threads --prompt-tokens "$2" --gen-tokens 128 \
     --reps 3 --loader eager --json 2>/dev/null
 }
-# → "pp tg weight_bytes_per_token probe_gb_per_s tg_after_prompt". llama-bench's tg128 decodes
-# from an empty cache, so airs' decode to compare with it is the one after a 1-token prompt;
-# the decode after the 512-token prompt (attention over 512-640 positions) is reported too.
-airs_run() {
-  local deep shallow
-  deep=$(airs_json "$1" 512)
-  shallow=$(airs_json "$1" 1)
+# -> "pp weight_bytes_per_token probe_gb_per_s tg_after_prompt" from the 512-token prompt's
+# run, or "tg probe_gb_per_s" from the 1-token prompt's run: llama-bench's tg128 decodes from an
+# empty cache, so airs' decode to compare with it is the one after a 1-token prompt; the decode
+# after the 512-token prompt (attention over 512-640 positions) is reported beside it.
+airs_prefill() {
   python3 -c 'import json,sys
-deep, shallow = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-pp, tg_deep = deep["prefill_tokens_per_s"], deep["decode_tokens_per_s"]
-tg = shallow["decode_tokens_per_s"]
-probes = [p for d in (deep, shallow) for p in d["read_probe_gb_per_s"] if p is not None]
-weights = deep["weight_bytes_per_token"]
-print(f"{pp:.1f} {tg:.1f} {weights} {max(probes):.2f} {tg_deep:.1f}")' "$deep" "$shallow"
+d = json.loads(sys.argv[1])
+probes = [p for p in d["read_probe_gb_per_s"] if p is not None]
+print("%.1f %d %.2f %.1f" % (d["prefill_tokens_per_s"], d["weight_bytes_per_token"], max(probes), d["decode_tokens_per_s"]))' "$(airs_json "$1" 512)"
+}
+airs_decode() {
+  python3 -c 'import json,sys
+d = json.loads(sys.argv[1])
+probes = [p for p in d["read_probe_gb_per_s"] if p is not None]
+print("%.1f %.2f" % (d["decode_tokens_per_s"], max(probes)))' "$(airs_json "$1" 1)"
+}
+# One run bracketed by host probes, appended as
+# "KIND ENGINE MODEL RESULT... | dot_before read_before dot_after read_after".
+bracketed() {
+  local kind=$1 engine=$2 m=$3 before out after
+  shift 3
+  before=$(host)
+  out=$("$@")
+  after=$(host)
+  echo "$kind $engine $m $out | $before $after" >>"$results"
 }
 
 load_before=$(load)
 for m in "${models[@]}"; do
   for s in $(seq 1 "$sittings"); do
     echo "$(basename "$m"): sitting $s/$sittings" >&2
-    echo "$m ik $(ik "$m")" >>"$results"
-    echo "$m ik-rtr $(ik "$m" -rtr 1)" >>"$results"
-    echo "$m airs $(airs_run "$m")" >>"$results"
-    tail -n 3 "$results" | sed 's/^/  /' >&2
+    bracketed pp ik "$m" ik "$m" -p 512 -n 0
+    bracketed tg ik "$m" ik "$m" -p 0 -n 128
+    bracketed pp ik-rtr "$m" ik "$m" -p 512 -n 0 -rtr 1
+    bracketed tg ik-rtr "$m" ik "$m" -p 0 -n 128 -rtr 1
+    bracketed pp airs "$m" airs_prefill "$m"
+    bracketed tg airs "$m" airs_decode "$m"
+    tail -n 6 "$results" | sed "s|$m|$(basename "$m")|; s/^/  /" >&2
   done
 done
 load_after=$(load)
 
 python3 - "$results" "$load_before" "$load_after" "$sittings" <<'EOF'
 import os, statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-by, bytes_per_token, probes, deep = {}, {}, {}, {}
-for m, engine, pp, tg, *extra in rows:
-    by.setdefault(m, {}).setdefault(engine, []).append((float(pp), float(tg)))
-    if extra:
+# Per file, engine and kind (pp, tg): the runs as (tokens/s, placement).
+runs, bytes_per_token, probes, deep = {}, {}, {}, {}
+def placement(kind, probe):
+    dot_b, read_b, dot_a, read_a = map(float, probe)
+    if kind == "pp":
+        value, (high, low) = (dot_b, dot_a), ("2 cores", "1 core")
+    else:
+        value, (high, low) = (read_b, read_a), ("2 links", "1 link")
+    if min(value) >= 1.5:
+        return high
+    if max(value) < 1.3:
+        return low
+    return "moved"
+for line in open(sys.argv[1]):
+    if not line.strip():
+        continue
+    head, probe = line.split("|")
+    kind, engine, m, rate, *extra = head.split()
+    runs.setdefault(m, {}).setdefault(engine, {}).setdefault(kind, []).append(
+        (float(rate), placement(kind, probe.split())))
+    if engine == "airs" and kind == "pp":
         bytes_per_token[m] = int(extra[0])
         probes.setdefault(m, []).append(float(extra[1]))
         deep.setdefault(m, []).append(float(extra[2]))
-med = lambda xs: statistics.median(xs)
+    elif engine == "airs":
+        probes.setdefault(m, []).append(float(extra[0]))
+med = statistics.median
+def rates(m, engine, kind, where=None):
+    return [r for r, p in runs[m][engine][kind] if where is None or p == where]
 print(f"{sys.argv[4]} sittings, 2 threads, load average {sys.argv[2]} before, {sys.argv[3]} after")
 print()
 print("| file | ik pp / tg | ik -rtr pp / tg | airs pp / tg | airs ÷ best ik, prefill / decode | airs tg after pp512 |")
 print("|---|---|---|---|---|---|")
-for m, e in by.items():
-    cell = lambda k: f"{med([p for p, _ in e[k]]):.1f} / {med([t for _, t in e[k]]):.1f}"
-    best_pp = max(med([p for p, _ in e[k]]) for k in ("ik", "ik-rtr"))
-    best_tg = max(med([t for _, t in e[k]]) for k in ("ik", "ik-rtr"))
-    a_pp = med([p for p, _ in e["airs"]])
-    a_tg = med([t for _, t in e["airs"]])
+for m in runs:
+    cell = lambda k: f"{med(rates(m, k, 'pp')):.1f} / {med(rates(m, k, 'tg')):.1f}"
+    best = {kind: max(med(rates(m, k, kind)) for k in ("ik", "ik-rtr")) for kind in ("pp", "tg")}
+    a = {kind: med(rates(m, "airs", kind)) for kind in ("pp", "tg")}
     print(f"| {os.path.basename(m)} | {cell('ik')} | {cell('ik-rtr')} | {cell('airs')} | "
-          f"{a_pp / best_pp:.2f}× / {a_tg / best_tg:.2f}× | {med(deep[m]):.1f} |")
+          f"{a['pp'] / best['pp']:.2f}× / {a['tg'] / best['tg']:.2f}× | {med(deep[m]):.1f} |")
 # Decode as weight bandwidth: each engine's median tokens/s times the weight bytes a token
 # reads (airs' count for the same file), against the median of airs' read-bandwidth probes.
 print()
 print("| file | weights per token | ik GB/s | ik -rtr GB/s | airs GB/s | read probe GB/s |")
 print("|---|---|---|---|---|---|")
-for m, e in by.items():
+for m in runs:
     b = bytes_per_token[m]
     probe = med(probes[m])
-    gbps = lambda k: med([t for _, t in e[k]]) * b / 1e9
+    gbps = lambda k: med(rates(m, k, "tg")) * b / 1e9
     cells = " | ".join(f"{gbps(k):.1f} ({100 * gbps(k) / probe:.0f} %)" for k in ("ik", "ik-rtr", "airs"))
     print(f"| {os.path.basename(m)} | {b / 1e6:.1f} MB | {cells} | {probe:.1f} |")
+# Like with like: medians within one placement (how many runs in brackets), and the ratio
+# where airs and an ik variant both ran under it.
+for kind, title, places in (("tg", "Decode (tg128) by placement", ("2 links", "1 link")),
+                            ("pp", "Prefill (pp512) by placement", ("2 cores", "1 core"))):
+    print()
+    print(f"{title}: median tokens/s (runs); a run whose two probes disagree counts as moved")
+    print()
+    print("| file | placement | ik | ik -rtr | airs | airs ÷ best ik |")
+    print("|---|---|---|---|---|---|")
+    for m in runs:
+        for place in places:
+            cells, meds = [], {}
+            for k in ("ik", "ik-rtr", "airs"):
+                r = rates(m, k, kind, place)
+                meds[k] = med(r) if r else None
+                cells.append(f"{meds[k]:.1f} ({len(r)})" if r else "–")
+            peers = [meds[k] for k in ("ik", "ik-rtr") if meds[k] is not None]
+            ratio = f"{meds['airs'] / max(peers):.2f}×" if peers and meds["airs"] else "–"
+            print(f"| {os.path.basename(m)} | {place} | {' | '.join(cells)} | {ratio} |")
+        moved = sum(p == "moved" for k in ("ik", "ik-rtr", "airs") for _, p in runs[m][k][kind])
+        if moved:
+            print(f"| {os.path.basename(m)} | moved | {moved} runs | | | |")
 EOF

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_batch;
 mod bench_draft;
+mod bench_host;
 mod bench_kv;
 mod bench_load;
 mod bench_sessions;
@@ -91,6 +92,9 @@ enum BenchCommand {
     Batch(bench_batch::BenchBatchArgs),
     /// Speculative decoding: decode tokens/s with prompt-lookup drafts on chat tasks.
     Draft(bench_draft::BenchDraftArgs),
+    /// One thread's and all threads' int8 dot rate and read bandwidth: what the threads get
+    /// right now (a virtual machine's vCPUs may share a core, or a chiplet's link to memory).
+    Host(bench_host::BenchHostArgs),
 }
 
 /// Die quietly on a closed pipe (`airs inspect M | head`) like other Unix tools, instead of
@@ -140,6 +144,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Sessions(args)) => bench_sessions::run(args),
         Command::Bench(BenchCommand::Batch(args)) => bench_batch::run(args),
         Command::Bench(BenchCommand::Draft(args)) => bench_draft::run(args),
+        Command::Bench(BenchCommand::Host(args)) => bench_host::run(args),
         Command::Session(args) => session_cmd::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Perplexity(args) => perplexity::run(args),

@@ -570,3 +570,42 @@ fn a_session_with_tools_prints_its_calls_and_takes_their_results() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no tools"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_host_reports_one_thread_and_all_threads_and_their_ratios() {
+    let v = json_of(&[
+        "bench",
+        "host",
+        "--threads",
+        "2",
+        "--pass-ms",
+        "2",
+        "--read-mib",
+        "8",
+        "--passes",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["threads"], 2);
+    let rate = |group: &str, key: &str| v[group][key].as_f64().unwrap();
+    let (dot_one, dot_all) = (
+        rate("int8_dot_macs_per_s", "one_thread"),
+        rate("int8_dot_macs_per_s", "all_threads"),
+    );
+    let (read_one, read_all) = (
+        rate("read_bytes_per_s", "one_thread"),
+        rate("read_bytes_per_s", "all_threads"),
+    );
+    assert!(
+        [dot_one, dot_all, read_one, read_all]
+            .iter()
+            .all(|&r| r > 1e6),
+        "{v}"
+    );
+    // The ratios are the figures' (what the host gives is not the test's to assert).
+    assert!((v["dot_cores"].as_f64().unwrap() * dot_one / dot_all - 1.0).abs() < 1e-9);
+    assert!((v["read_scaling"].as_f64().unwrap() * read_one / read_all - 1.0).abs() < 1e-9);
+    let out = airs(&["bench", "host", "--passes", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--passes"));
+}

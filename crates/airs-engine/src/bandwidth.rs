@@ -1,7 +1,9 @@
 //! The memory read-bandwidth probe: how many bytes per second this machine streams from DRAM
 //! into the pool's threads right now, so `airs bench decode` can say what fraction of it
 //! decode achieves on weights (issue 13 asks for ≥ 90 %). Shared machines drift by 2× over a
-//! day; a figure is only comparable with one measured in the same run by the same threads.
+//! day (on the benchmark host, as the host moves its vCPUs onto one chiplet's memory link or
+//! two: [`crate::cores`]); a figure is only comparable with one measured in the same run by the
+//! same threads.
 //!
 //! What: a buffer far larger than the last-level cache, split into one contiguous part per
 //! thread and first touched by that thread (so its pages sit where that thread reads them);

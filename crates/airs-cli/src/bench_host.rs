@@ -1,0 +1,73 @@
+//! `airs bench host`: what the machine gives the benchmark threads right now, to say which
+//! placement a measurement ran under (`airs_engine::cores`). One thread's and all threads'
+//! int8 dot rate and read bandwidth, and their ratios: on the 2-vCPU benchmark host, 2 cores'
+//! worth of the dot instruction unless the vCPUs share a core, and 2× one thread's read
+//! bandwidth or only 1.1× as the host places them (`airs_engine::cores`).
+//! `scripts/peer-bench.sh` runs it before and after every engine's run.
+//!
+//! Cost: about half a second with the defaults (`airs_engine::cores`).
+
+use airs_engine::{ThreadPool, probe_core_share};
+use airs_kernels::Isa;
+use serde_json::json;
+
+use crate::model_file::default_threads;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchHostArgs {
+    /// Threads probed together (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Milliseconds per pass of the int8 dot probe.
+    #[arg(long, default_value_t = 20)]
+    pub pass_ms: u64,
+    /// Bytes read per pass of the read probe, in MiB (far above the last-level cache).
+    #[arg(long, default_value_t = 256)]
+    pub read_mib: usize,
+    /// Passes of each probe; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub passes: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: BenchHostArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.passes > 0 && args.pass_ms > 0,
+        "--passes and --pass-ms must be positive"
+    );
+    anyhow::ensure!(args.read_mib > 0, "--read-mib must be positive");
+    let threads = args.threads.unwrap_or_else(default_threads).max(1);
+    let pool = ThreadPool::new(threads);
+    let isa = Isa::detect();
+    let share = probe_core_share(&pool, isa, args.pass_ms, args.read_mib << 20, args.passes);
+    if args.json {
+        let out = json!({
+            "threads": share.threads,
+            "isa": format!("{isa:?}"),
+            "int8_dot_macs_per_s": {"one_thread": share.dot_one_macs_per_s, "all_threads": share.dot_all_macs_per_s},
+            "read_bytes_per_s": {"one_thread": share.read_one_bytes_per_s, "all_threads": share.read_all_bytes_per_s},
+            "dot_cores": share.dot_cores(),
+            "read_scaling": share.read_scaling(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{threads} threads ({isa:?}), medians of {} passes",
+        args.passes
+    );
+    println!(
+        "  int8 dot   one thread {:7.1} G MAC/s   all {:7.1}   → {:.2} cores' worth",
+        share.dot_one_macs_per_s / 1e9,
+        share.dot_all_macs_per_s / 1e9,
+        share.dot_cores()
+    );
+    println!(
+        "  read       one thread {:7.1} GB/s      all {:7.1}   → {:.2}× one thread",
+        share.read_one_bytes_per_s / 1e9,
+        share.read_all_bytes_per_s / 1e9,
+        share.read_scaling()
+    );
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! How many cores' worth of arithmetic and read bandwidth the pool's threads get right now: the
+//! same probes run on one thread and then on all of them, and each all-threads figure divided
+//! by the one-thread figure.
+//!
+//! Why: on a virtual machine the host decides where the vCPUs run, and moves them every few
+//! seconds to minutes. On this project's 2-vCPU benchmark host (AMD EPYC, Zen 4) one thread
+//! reads 31-34 GB/s on either vCPU whatever the placement, but two threads together read
+//! either about 36 GB/s or about 66: consistent with the two vCPUs running on cores of one
+//! chiplet, which share its link to memory, or of two. Separately, the int8 dot rate of two
+//! threads is sometimes one core's, not two (the vCPUs on the two hardware threads of one
+//! core). What earlier notes called a DRAM drifting between slow and fast was this
+//! (BENCHMARKS.md, "The slow state is a placement"). A decode at the memory's pace and a
+//! batched step at the multiplier's pace then slow down for reasons outside the program, so a
+//! speed is only comparable with one measured under the same placement: `airs bench host`
+//! reports it, and `scripts/peer-bench.sh` runs it around every engine's run.
+//!
+//! What: [`crate::dot_peak`]'s int8 dot probe and [`crate::bandwidth`]'s read probe, each on a
+//! one-thread pool (the calling thread; the pool's workers are asleep by then, after their
+//! short spin) and on the pool. Cost: both probes twice: `4 × (passes + 1) × pass_ms` of the
+//! threads' time and `passes` reads of `read_bytes` per run, ≈ 0.5 s with the defaults of
+//! `airs bench host`.
+
+use airs_kernels::Isa;
+
+use crate::bandwidth::probe_read_bandwidth;
+use crate::dot_peak::probe_int8_dot_peak;
+use crate::pool::ThreadPool;
+
+/// One probe's figures on one thread and on all the pool's threads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreShare {
+    pub threads: usize,
+    /// Int8 multiply-accumulates per second, median over passes: one thread, all threads.
+    pub dot_one_macs_per_s: f64,
+    pub dot_all_macs_per_s: f64,
+    /// Bytes read per second, median over passes: one thread, all threads.
+    pub read_one_bytes_per_s: f64,
+    pub read_all_bytes_per_s: f64,
+}
+
+impl CoreShare {
+    /// Cores' worth of the dot instruction the threads get: `threads` when each runs on a core
+    /// of its own, 1 when they all share one core's multipliers.
+    pub fn dot_cores(&self) -> f64 {
+        self.dot_all_macs_per_s / self.dot_one_macs_per_s
+    }
+
+    /// How many times one thread's read bandwidth all the threads read together (on the host
+    /// above: about 2 on two chiplets, about 1.1 on one).
+    pub fn read_scaling(&self) -> f64 {
+        self.read_all_bytes_per_s / self.read_one_bytes_per_s
+    }
+}
+
+/// Probe `pool`'s threads alone and together (`pass_ms` a dot pass, `read_bytes` a read pass,
+/// `passes` each).
+pub fn probe_core_share(
+    pool: &ThreadPool,
+    isa: Isa,
+    pass_ms: u64,
+    read_bytes: usize,
+    passes: usize,
+) -> CoreShare {
+    let one = ThreadPool::new(1);
+    // The pool's workers spin 200 µs after a job before they sleep; let them sleep so that the
+    // one-thread figures are one thread's.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let dot_one = probe_int8_dot_peak(&one, isa, pass_ms, passes).median_macs_per_s;
+    let read_one = probe_read_bandwidth(&one, isa, read_bytes, passes).median_bytes_per_s;
+    let dot_all = probe_int8_dot_peak(pool, isa, pass_ms, passes).median_macs_per_s;
+    let read_all = probe_read_bandwidth(pool, isa, read_bytes, passes).median_bytes_per_s;
+    CoreShare {
+        threads: pool.threads(),
+        dot_one_macs_per_s: dot_one,
+        dot_all_macs_per_s: dot_all,
+        read_one_bytes_per_s: read_one,
+        read_all_bytes_per_s: read_all,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_one_thread_then_all_of_them() {
+        let pool = ThreadPool::new(2);
+        let share = probe_core_share(&pool, Isa::detect(), 5, 8 << 20, 3);
+        assert_eq!(share.threads, 2);
+        // The ratios are the host's (tests running beside this one move them); each figure is
+        // a real rate.
+        for rate in [
+            share.dot_one_macs_per_s,
+            share.dot_all_macs_per_s,
+            share.read_one_bytes_per_s,
+            share.read_all_bytes_per_s,
+        ] {
+            assert!(rate.is_finite() && rate > 0.0, "{share:?}");
+        }
+        assert!(share.dot_cores().is_finite() && share.read_scaling().is_finite());
+    }
+}
