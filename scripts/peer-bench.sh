@@ -19,9 +19,10 @@
 # 2-vCPU benchmark host two threads read either ~36 or ~66 GB/s (one chiplet's link to memory
 # or two) and sometimes get one core's multipliers instead of two (`airs bench host`,
 # crates/airs-engine/src/cores.rs). Every engine's prefill and decode run is bracketed by
-# `airs bench host`; a decode run is "2 links" when both probes read >= 1.5x one thread, "1
-# link" when both read < 1.3x, else "moved"; a prefill run "2 cores" / "1 core" likewise by
-# the int8 dot rate. The last tables compare the engines within each placement.
+# `airs bench host`; a decode run is "2 links" when both probes found the threads' read paths
+# their own (two threads read >= 1.5x one thread), "1 link" when both found them shared
+# (< 1.3x), else "moved"; a prefill run "2 cores" / "1 core" likewise by the multipliers (the
+# int8 dot rate). The last tables compare the engines within each placement.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -56,11 +57,11 @@ ik() { # model, llama-bench test args... -> its one test's tokens/s
     python3 -c 'import json,sys
 print("%.1f" % json.load(sys.stdin)[0]["avg_ts"])'
 }
-host() { # -> "dot_cores read_scaling" of the threads right now
+host() { # -> "multipliers read_path" of the threads right now: own, shared or between
   "$airs" bench host --threads $threads --json 2>/dev/null |
     python3 -c 'import json,sys
 d = json.load(sys.stdin)
-print("%.2f %.2f" % (d["dot_cores"], d["read_scaling"]))'
+print(d["multipliers"], d["read_path"])'
 }
 airs_json() { # model, prompt tokens → bench decode's JSON
   "$airs" bench decode --model "$1" --threads $threads --prompt-tokens "$2" --gen-tokens 128 \
@@ -83,7 +84,7 @@ probes = [p for p in d["read_probe_gb_per_s"] if p is not None]
 print("%.1f %.2f" % (d["decode_tokens_per_s"], max(probes)))' "$(airs_json "$1" 1)"
 }
 # One run bracketed by host probes, appended as
-# "KIND ENGINE MODEL RESULT... | dot_before read_before dot_after read_after".
+# "KIND ENGINE MODEL RESULT... | multipliers_before read_path_before multipliers_after read_path_after".
 bracketed() {
   local kind=$1 engine=$2 m=$3 before out after
   shift 3
@@ -113,16 +114,12 @@ import os, statistics, sys
 # Per file, engine and kind (pp, tg): the runs as (tokens/s, placement).
 runs, bytes_per_token, probes, deep = {}, {}, {}, {}
 def placement(kind, probe):
-    dot_b, read_b, dot_a, read_a = map(float, probe)
+    mult_b, read_b, mult_a, read_a = probe
     if kind == "pp":
-        value, (high, low) = (dot_b, dot_a), ("2 cores", "1 core")
+        classes, names = {mult_b, mult_a}, {"own": "2 cores", "shared": "1 core"}
     else:
-        value, (high, low) = (read_b, read_a), ("2 links", "1 link")
-    if min(value) >= 1.5:
-        return high
-    if max(value) < 1.3:
-        return low
-    return "moved"
+        classes, names = {read_b, read_a}, {"own": "2 links", "shared": "1 link"}
+    return names.get(classes.pop(), "moved") if len(classes) == 1 else "moved"
 for line in open(sys.argv[1]):
     if not line.strip():
         continue

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airs_engine::sampler::SamplerConfig;
-use airs_engine::{KvType, probe_int8_dot_peak};
+use airs_engine::{KvType, Sharing, probe_core_share, probe_int8_dot_peak};
 use airs_memory::{LoadOptions, ModelRegistry};
 use airs_runtime::{
     Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler, SchedulerConfig,
@@ -84,6 +84,13 @@ pub struct BenchBatchArgs {
     /// Skip serving every request alone for the comparison (profiling the batched runs).
     #[arg(long)]
     pub no_compare: bool,
+    /// Bracket every run with the placement probe of `airs bench host` and report, per
+    /// concurrency, the medians and speedups within one placement: the threads each with a
+    /// path to memory of their own, or sharing one (a virtual machine's host moves its vCPUs
+    /// between the two, and one session's decode follows the memory while many sessions'
+    /// follow the multipliers). About 0.3 s a probe.
+    #[arg(long)]
+    pub placement: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -378,14 +385,31 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     let mut identical_all = true;
     let mut one_session: Option<f64> = None;
     let mut one_session_span: Option<f64> = None;
-    // Repetitions alternate the concurrencies.
+    // Repetitions alternate the concurrencies. With `--placement`, each run's read path: the
+    // probes' before and after it when they agree, else `Between` (the host moved the vCPUs).
+    let read_path = || {
+        let runtime = &model.runtime;
+        probe_core_share(&runtime.pool, runtime.isa, 10, 256 << 20, 3).read_path()
+    };
     let mut runs_of: Vec<Vec<Run>> = vec![Vec::new(); args.sessions.len()];
+    let mut paths_of: Vec<Vec<Sharing>> = vec![Vec::new(); args.sessions.len()];
     for _ in 0..args.reps.max(1) {
-        for (&n, runs) in args.sessions.iter().zip(&mut runs_of) {
+        for ((&n, runs), paths) in args.sessions.iter().zip(&mut runs_of).zip(&mut paths_of) {
+            let before = args.placement.then(read_path);
             runs.push(measure(&model, &args, &prompts[..n])?);
+            if let Some(before) = before {
+                let after = read_path();
+                paths.push(if before == after {
+                    before
+                } else {
+                    Sharing::Between
+                });
+            }
         }
     }
-    for (&n, runs) in args.sessions.iter().zip(&runs_of) {
+    // Per placement, the one-session median the others are divided by.
+    let mut one_session_in: Vec<(Sharing, f64)> = Vec::new();
+    for ((&n, runs), paths) in args.sessions.iter().zip(&runs_of).zip(&paths_of) {
         let identical = !args.no_compare
             && runs
                 .iter()
@@ -410,6 +434,44 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             one_session = concurrent;
             one_session_span = Some(aggregate);
         }
+        // Medians within each placement (`--placement`), and their ratios to one session's
+        // under the same placement.
+        let by_path: Vec<(Sharing, f64, usize)> = [Sharing::Own, Sharing::Shared]
+            .into_iter()
+            .filter_map(|path| {
+                let mut rates: Vec<f64> = runs
+                    .iter()
+                    .zip(paths)
+                    .filter(|&(_, &p)| p == path)
+                    .filter_map(|(r, _)| r.concurrent)
+                    .collect();
+                (!rates.is_empty()).then(|| (path, median(&mut rates), rates.len()))
+            })
+            .collect();
+        if n == 1 {
+            one_session_in = by_path.iter().map(|&(p, m, _)| (p, m)).collect();
+        }
+        let placement = args.placement.then(|| {
+            let by_path: serde_json::Map<String, serde_json::Value> = by_path
+                .iter()
+                .map(|&(path, rate, runs)| {
+                    let one = one_session_in
+                        .iter()
+                        .find(|(p, _)| *p == path)
+                        .map(|&(_, o)| o);
+                    let row = json!({
+                        "aggregate_decode_tokens_per_s": rate,
+                        "runs": runs,
+                        "speedup_vs_one_session": one.map(|o| rate / o),
+                    });
+                    (path.name().to_string(), row)
+                })
+                .collect();
+            json!({
+                "read_paths": paths.iter().map(|p| p.name()).collect::<Vec<_>>(),
+                "by_read_path": by_path,
+            })
+        });
         rows.push(json!({
             "sessions": n,
             "aggregate_decode_tokens_per_s": concurrent,
@@ -427,6 +489,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             "identical_to_alone": (!args.no_compare).then_some(identical),
             "aggregate_all": runs.iter().map(|r| r.concurrent).collect::<Vec<_>>(),
             "aggregate_span_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
+            "placement": placement,
         }));
     }
     let peak_after = dot_peak();
@@ -520,6 +583,31 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
                     .as_bool()
                     .map_or("-".to_string(), |i| i.to_string()),
             );
+        }
+    }
+    if args.placement && !args.json {
+        println!(
+            "by placement (probed before and after each run; own: each thread its own path to \
+             memory, shared: one path; runs where the two probes disagree are left out):"
+        );
+        for r in report["runs"].as_array().expect("rows") {
+            let cells: Vec<String> = ["own", "shared"]
+                .iter()
+                .map(|path| {
+                    let p = &r["placement"]["by_read_path"][*path];
+                    match p["aggregate_decode_tokens_per_s"].as_f64() {
+                        Some(rate) => format!(
+                            "{path} {rate:.1} t/s ({} runs, {})",
+                            p["runs"],
+                            p["speedup_vs_one_session"]
+                                .as_f64()
+                                .map_or("-".to_string(), |x| format!("{x:.2}x"))
+                        ),
+                        None => format!("{path} -"),
+                    }
+                })
+                .collect();
+            println!("  {:>2} sessions: {}", r["sessions"], cells.join("   "));
         }
     }
     if let (Some(before), Some(after), false) = (peak_before, peak_after, args.json) {

@@ -49,6 +49,8 @@ pub fn run(args: BenchHostArgs) -> anyhow::Result<()> {
             "read_bytes_per_s": {"one_thread": share.read_one_bytes_per_s, "all_threads": share.read_all_bytes_per_s},
             "dot_cores": share.dot_cores(),
             "read_scaling": share.read_scaling(),
+            "multipliers": share.multipliers().name(),
+            "read_path": share.read_path().name(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -58,16 +60,18 @@ pub fn run(args: BenchHostArgs) -> anyhow::Result<()> {
         args.passes
     );
     println!(
-        "  int8 dot   one thread {:7.1} G MAC/s   all {:7.1}   → {:.2} cores' worth",
+        "  int8 dot   one thread {:7.1} G MAC/s   all {:7.1}   → {:.2} cores' worth: {} multipliers",
         share.dot_one_macs_per_s / 1e9,
         share.dot_all_macs_per_s / 1e9,
-        share.dot_cores()
+        share.dot_cores(),
+        share.multipliers().name()
     );
     println!(
-        "  read       one thread {:7.1} GB/s      all {:7.1}   → {:.2}× one thread",
+        "  read       one thread {:7.1} GB/s      all {:7.1}   → {:.2}× one thread: {} read path",
         share.read_one_bytes_per_s / 1e9,
         share.read_all_bytes_per_s / 1e9,
-        share.read_scaling()
+        share.read_scaling(),
+        share.read_path().name()
     );
     Ok(())
 }

@@ -459,6 +459,7 @@ fn bench_batch_serves_batched_requests_as_alone_and_weighs_them_against_the_dot_
         "2",
         "--threads",
         "2",
+        "--placement",
         "--json",
     ]);
     assert_eq!(v["identical_to_alone"], true);
@@ -484,6 +485,37 @@ fn bench_batch_serves_batched_requests_as_alone_and_weighs_them_against_the_dot_
             .collect::<Vec<_>>(),
         [1, 3]
     );
+    // `--placement`: every run's read path, and the medians within a placement divided by one
+    // session's under the same placement.
+    let one_session = &runs[0]["placement"]["by_read_path"];
+    for r in runs {
+        let placement = &r["placement"];
+        let paths = placement["read_paths"].as_array().unwrap();
+        assert_eq!(paths.len(), 1, "one repetition, one run: {placement}");
+        let path = paths[0].as_str().unwrap();
+        assert!(["own", "shared", "between"].contains(&path), "{placement}");
+        let by_path = placement["by_read_path"].as_object().unwrap();
+        let rate = r["aggregate_decode_tokens_per_s"].as_f64().unwrap();
+        if path == "between" {
+            assert!(
+                by_path.is_empty(),
+                "a moved run is in no placement: {placement}"
+            );
+            continue;
+        }
+        assert_eq!(by_path.len(), 1, "{placement}");
+        let within = &by_path[path];
+        assert_eq!(within["runs"], 1);
+        assert_eq!(within["aggregate_decode_tokens_per_s"].as_f64(), Some(rate));
+        // (JSON's decimal floats parse back within an ulp or two.)
+        match one_session[path]["aggregate_decode_tokens_per_s"].as_f64() {
+            Some(one) => {
+                let speedup = within["speedup_vs_one_session"].as_f64().unwrap();
+                assert!((speedup * one / rate - 1.0).abs() < 1e-9, "{placement}");
+            }
+            None => assert!(within["speedup_vs_one_session"].is_null()),
+        }
+    }
     for r in runs {
         assert_eq!(r["identical_to_alone"], true);
         let tokens_per_s = r["aggregate_decode_tokens_per_s"].as_f64().unwrap();
@@ -605,6 +637,17 @@ fn bench_host_reports_one_thread_and_all_threads_and_their_ratios() {
     // The ratios are the figures' (what the host gives is not the test's to assert).
     assert!((v["dot_cores"].as_f64().unwrap() * dot_one / dot_all - 1.0).abs() < 1e-9);
     assert!((v["read_scaling"].as_f64().unwrap() * read_one / read_all - 1.0).abs() < 1e-9);
+    for (class, ratio) in [("multipliers", "dot_cores"), ("read_path", "read_scaling")] {
+        let ratio = v[ratio].as_f64().unwrap();
+        let expected = if ratio >= 1.5 {
+            "own"
+        } else if ratio < 1.3 {
+            "shared"
+        } else {
+            "between"
+        };
+        assert_eq!(v[class], expected, "{v}");
+    }
     let out = airs(&["bench", "host", "--passes", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--passes"));

@@ -38,6 +38,40 @@ pub struct CoreShare {
     pub read_all_bytes_per_s: f64,
 }
 
+/// Whether the threads each get a resource (a core's multipliers, a path to memory) of their
+/// own, share one, or something between (the host moved them while the probe ran).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// All the threads together get at least ¾ of `threads` times one thread's rate (on 2
+    /// threads: ≥ 1.5×).
+    Own,
+    /// Under 0.65 of it (on 2 threads: < 1.3×).
+    Shared,
+    Between,
+}
+
+impl Sharing {
+    /// The class of `ratio`, the threads' rate together over one thread's.
+    pub fn of(ratio: f64, threads: usize) -> Sharing {
+        let threads = threads as f64;
+        if ratio >= 0.75 * threads {
+            Sharing::Own
+        } else if ratio < 0.65 * threads {
+            Sharing::Shared
+        } else {
+            Sharing::Between
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharing::Own => "own",
+            Sharing::Shared => "shared",
+            Sharing::Between => "between",
+        }
+    }
+}
+
 impl CoreShare {
     /// Cores' worth of the dot instruction the threads get: `threads` when each runs on a core
     /// of its own, 1 when they all share one core's multipliers.
@@ -49,6 +83,17 @@ impl CoreShare {
     /// above: about 2 on two chiplets, about 1.1 on one).
     pub fn read_scaling(&self) -> f64 {
         self.read_all_bytes_per_s / self.read_one_bytes_per_s
+    }
+
+    /// Whether the threads each have a core's multipliers.
+    pub fn multipliers(&self) -> Sharing {
+        Sharing::of(self.dot_cores(), self.threads)
+    }
+
+    /// Whether the threads each have a path to memory (on the host above: two chiplets' links,
+    /// or one).
+    pub fn read_path(&self) -> Sharing {
+        Sharing::of(self.read_scaling(), self.threads)
     }
 }
 
@@ -98,5 +143,25 @@ mod tests {
             assert!(rate.is_finite() && rate > 0.0, "{share:?}");
         }
         assert!(share.dot_cores().is_finite() && share.read_scaling().is_finite());
+    }
+
+    #[test]
+    fn two_threads_own_a_resource_from_one_and_a_half_times_one_thread() {
+        let class = |ratio| Sharing::of(ratio, 2);
+        assert_eq!(
+            [2.0, 1.5, 1.49, 1.3, 1.29, 1.1].map(class),
+            [
+                Sharing::Own,
+                Sharing::Own,
+                Sharing::Between,
+                Sharing::Between,
+                Sharing::Shared,
+                Sharing::Shared
+            ]
+        );
+        // One thread always has its own; four share from under 2.6×.
+        assert_eq!(Sharing::of(1.0, 1), Sharing::Own);
+        assert_eq!(Sharing::of(2.5, 4), Sharing::Shared);
+        assert_eq!(Sharing::of(3.0, 4), Sharing::Own);
     }
 }

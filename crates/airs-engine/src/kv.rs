@@ -1615,14 +1615,17 @@ mod tests {
             };
             let n_ctx = n - start;
             let runs = (n - 1) / width - start / width + 1;
-            let q: Vec<f32> = (0..5 * head_dim)
+            let q: Vec<f32> = (0..8 * head_dim)
                 .map(|i| ((i % 13) as f32 - 6.0) * 0.3)
                 .collect();
-            let mut scores = vec![0.0; 5 * n_ctx];
-            let (mut a, mut b) = (vec![0.0; 5 * head_dim], vec![0.0; 5 * head_dim]);
+            let mut scores = vec![0.0; 8 * n_ctx];
+            let (mut a, mut b) = (vec![0.0; 8 * head_dim], vec![0.0; 8 * head_dim]);
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            // One query of five heads, then five causal queries of one head each.
-            for queries in [1, 5] {
+            // One query of five, seven (Qwen2.5-0.5B's group) or eight (TinyLlama's) heads,
+            // then five causal queries of one head each.
+            for (heads, queries) in [(5, 1), (7, 1), (8, 1), (5, 5)] {
+                let q = &q[..heads * head_dim];
+                let (a, b) = (&mut a[..heads * head_dim], &mut b[..heads * head_dim]);
                 // The same arguments for every build.
                 macro_rules! attend_with {
                     ($build:expr, $out:expr) => {
@@ -1631,7 +1634,7 @@ mod tests {
                             head_dim,
                             runs,
                             run,
-                            &q,
+                            q,
                             queries,
                             n_ctx,
                             0.125,
@@ -1640,15 +1643,17 @@ mod tests {
                         )
                     };
                 }
-                attend_with!(attend_runs, &mut a);
-                attend_with!(attend_runs_any::<false, false, _>, &mut b);
-                let what = format!("{ty:?} {head_dim} ×{queries}, tiles of {width} from {start}");
-                assert_eq!(bits(&a), bits(&b), "{what}: the detected build");
+                attend_with!(attend_runs, &mut *a);
+                attend_with!(attend_runs_any::<false, false, _>, &mut *b);
+                let what = format!(
+                    "{ty:?} {head_dim}, {heads} heads ×{queries}, tiles of {width} from {start}"
+                );
+                assert_eq!(bits(a), bits(b), "{what}: the detected build");
                 #[cfg(target_arch = "x86_64")]
                 if x86_attention_builds() {
                     // SAFETY: AVX2, F16C and FMA were detected just above.
-                    unsafe { attend_with!(attend_runs_avx2, &mut a) };
-                    assert_eq!(bits(&a), bits(&b), "{what}: the AVX2 build");
+                    unsafe { attend_with!(attend_runs_avx2, &mut *a) };
+                    assert_eq!(bits(a), bits(b), "{what}: the AVX2 build");
                 }
             }
         }
