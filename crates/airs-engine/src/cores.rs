@@ -16,9 +16,9 @@
 //!
 //! What: [`crate::dot_peak`]'s int8 dot probe and [`crate::bandwidth`]'s read probe, each on a
 //! one-thread pool (the calling thread; the pool's workers are asleep by then, after their
-//! short spin) and on the pool. Cost: both probes twice: `4 × (passes + 1) × pass_ms` of the
-//! threads' time and `passes` reads of `read_bytes` per run, ≈ 0.5 s with the defaults of
-//! `airs bench host`.
+//! short spin) and on the pool. Cost: each probe twice, so about `2 × (passes + 1) × pass_ms`
+//! of dot passes and `2 × passes` reads of `read_bytes` after its first touch: ≈ 0.5 s with
+//! the defaults of `airs bench host`.
 
 use airs_kernels::Isa;
 
