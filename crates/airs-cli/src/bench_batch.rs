@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airs_engine::sampler::SamplerConfig;
-use airs_engine::{KvType, Sharing, probe_core_share, probe_int8_dot_peak};
+use airs_engine::{KvType, Sharing, probe_int8_dot_peak, probe_read_path};
 use airs_memory::{LoadOptions, ModelRegistry};
 use airs_runtime::{
     Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler, SchedulerConfig,
@@ -88,7 +88,7 @@ pub struct BenchBatchArgs {
     /// concurrency, the medians and speedups within one placement: the threads each with a
     /// path to memory of their own, or sharing one (a virtual machine's host moves its vCPUs
     /// between the two, and one session's decode follows the memory while many sessions'
-    /// follow the multipliers). About 0.3 s a probe.
+    /// follow the multipliers). About a quarter of a second a probe.
     #[arg(long)]
     pub placement: bool,
     #[arg(long)]
@@ -389,7 +389,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     // probes' before and after it when they agree, else `Between` (the host moved the vCPUs).
     let read_path = || {
         let runtime = &model.runtime;
-        probe_core_share(&runtime.pool, runtime.isa, 10, 256 << 20, 3).read_path()
+        probe_read_path(&runtime.pool, runtime.isa, 256 << 20, 3)
     };
     let mut runs_of: Vec<Vec<Run>> = vec![Vec::new(); args.sessions.len()];
     let mut paths_of: Vec<Vec<Sharing>> = vec![Vec::new(); args.sessions.len()];

@@ -4,7 +4,7 @@
 //!
 //! Why: on a virtual machine the host decides where the vCPUs run, and moves them every few
 //! seconds to minutes. On this project's 2-vCPU benchmark host (AMD EPYC, Zen 4) one thread
-//! reads 31-34 GB/s on either vCPU whatever the placement, but two threads together read
+//! reads 28-34 GB/s on either vCPU whatever the placement, but two threads together read
 //! either about 36 GB/s or about 66: consistent with the two vCPUs running on cores of one
 //! chiplet, which share its link to memory, or of two. Separately, the int8 dot rate of two
 //! threads is sometimes one core's, not two (the vCPUs on the two hardware threads of one
@@ -106,14 +106,10 @@ pub fn probe_core_share(
     read_bytes: usize,
     passes: usize,
 ) -> CoreShare {
-    let one = ThreadPool::new(1);
-    // The pool's workers spin 200 µs after a job before they sleep; let them sleep so that the
-    // one-thread figures are one thread's.
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    let dot_one = probe_int8_dot_peak(&one, isa, pass_ms, passes).median_macs_per_s;
-    let read_one = probe_read_bandwidth(&one, isa, read_bytes, passes).median_bytes_per_s;
-    let dot_all = probe_int8_dot_peak(pool, isa, pass_ms, passes).median_macs_per_s;
-    let read_all = probe_read_bandwidth(pool, isa, read_bytes, passes).median_bytes_per_s;
+    let (dot_one, dot_all) = alone_then_together(pool, |p| {
+        probe_int8_dot_peak(p, isa, pass_ms, passes).median_macs_per_s
+    });
+    let (read_one, read_all) = read_alone_then_together(pool, isa, read_bytes, passes);
     CoreShare {
         threads: pool.threads(),
         dot_one_macs_per_s: dot_one,
@@ -121,6 +117,33 @@ pub fn probe_core_share(
         read_one_bytes_per_s: read_one,
         read_all_bytes_per_s: read_all,
     }
+}
+
+/// [`CoreShare::read_path`] alone: only the read probes (what a memory-bound measurement needs
+/// to know, without the dot probes' time).
+pub fn probe_read_path(pool: &ThreadPool, isa: Isa, read_bytes: usize, passes: usize) -> Sharing {
+    let (one, all) = read_alone_then_together(pool, isa, read_bytes, passes);
+    Sharing::of(all / one, pool.threads())
+}
+
+fn read_alone_then_together(
+    pool: &ThreadPool,
+    isa: Isa,
+    read_bytes: usize,
+    passes: usize,
+) -> (f64, f64) {
+    alone_then_together(pool, |p| {
+        probe_read_bandwidth(p, isa, read_bytes, passes).median_bytes_per_s
+    })
+}
+
+/// `rate` measured on a one-thread pool (the calling thread), then on `pool`.
+fn alone_then_together(pool: &ThreadPool, rate: impl Fn(&ThreadPool) -> f64) -> (f64, f64) {
+    let one = ThreadPool::new(1);
+    // The pool's workers spin 200 µs after a job before they sleep; let them sleep so that the
+    // one-thread figure is one thread's.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    (rate(&one), rate(pool))
 }
 
 #[cfg(test)]

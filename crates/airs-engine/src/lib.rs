@@ -22,7 +22,7 @@ pub mod repack;
 pub mod sampler;
 
 pub use bandwidth::{ReadBandwidth, probe_read_bandwidth};
-pub use cores::{CoreShare, Sharing, probe_core_share};
+pub use cores::{CoreShare, Sharing, probe_core_share, probe_read_path};
 pub use dot_peak::{DotPeak, probe_int8_dot_peak};
 pub use error::{EngineError, EngineErrorKind};
 pub use forward::{BatchOutput, BatchSeq, Logits, Output, Runtime};
