@@ -5,11 +5,16 @@
 //! fresh KV pool, so nothing is served from the prefix cache. Before and after the repetitions
 //! a read-bandwidth probe (`airs_engine::bandwidth`) runs on the same threads, and decode's
 //! weight bandwidth is reported as a fraction of the faster of the two.
+//!
+//! With `--placement`, every repetition is bracketed by `airs bench host`'s read probes (one
+//! thread, then all: `airs_engine::cores`), and decode is reported per placement against the
+//! all-threads bandwidth probed around it: a virtual machine's host moves its vCPUs between
+//! one path to memory and two, and a decode at the memory's pace follows it (BENCHMARKS.md).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use airs_engine::{KvType, probe_read_bandwidth};
+use airs_engine::{KvType, Sharing, probe_read_bandwidth, probe_read_placement};
 use airs_runtime::fit::single_sequence_config;
 use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
 use airs_tokenizer::EncodeOptions;
@@ -38,8 +43,55 @@ pub struct BenchDecodeArgs {
     /// Size of the read-bandwidth probe run before and after the repetitions (0: no probe).
     #[arg(long, default_value_t = 256)]
     pub probe_mib: usize,
+    /// Bracket every repetition with the placement probe of `airs bench host` (one thread's
+    /// and all threads' read bandwidth over --probe-mib) and report decode per placement,
+    /// against the all-threads bandwidth probed around it: the threads each with a path to
+    /// memory of their own, or sharing one. Repetitions whose two probes disagree are left out.
+    #[arg(long)]
+    pub placement: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+/// One repetition's placement: the read path both probes around it found (`None`: they
+/// disagreed, or found neither), and the all-threads read bandwidth, GB/s, their mean.
+type Placed = (Option<Sharing>, f64);
+
+/// Per placement (own, shared): the median decode tokens/s, weight GB/s, all-threads read probe
+/// GB/s and fraction of it, over the repetitions under it.
+fn by_placement(placed: &[Placed], decode: &[f64], bytes_per_token: usize) -> serde_json::Value {
+    let mut by_path = serde_json::Map::new();
+    for path in [Sharing::Own, Sharing::Shared] {
+        let runs: Vec<(f64, f64)> = placed
+            .iter()
+            .zip(decode)
+            .filter(|((p, _), _)| *p == Some(path))
+            .map(|(&(_, probe), &tps)| (tps, probe))
+            .collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let gbps = |tps: f64| bytes_per_token as f64 * tps / 1e9;
+        let tps = median(&mut runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        by_path.insert(
+            path.name().to_string(),
+            json!({
+                "decode_tokens_per_s": tps,
+                "decode_weight_gb_per_s": gbps(tps),
+                "read_probe_gb_per_s": median(&mut runs.iter().map(|r| r.1).collect::<Vec<_>>()),
+                "decode_fraction_of_probe":
+                    median(&mut runs.iter().map(|&(t, p)| gbps(t) / p).collect::<Vec<_>>()),
+                "runs": runs.len(),
+            }),
+        );
+    }
+    json!({
+        "read_paths": placed
+            .iter()
+            .map(|(p, _)| p.map_or("moved", Sharing::name))
+            .collect::<Vec<_>>(),
+        "by_read_path": by_path,
+    })
 }
 
 /// Text to build benchmark prompts from (tokenized, repeated and cut to length).
@@ -126,6 +178,10 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         "--prompt-tokens ≥ 1 and --gen-tokens ≥ 2 must add up to at most the context length \
          {context}"
     );
+    anyhow::ensure!(
+        !args.placement || args.probe_mib > 0,
+        "--placement probes --probe-mib MiB: give a positive size"
+    );
     let prompt = prompt_tokens(&model, args.prompt_tokens);
     let probe = |runtime: &airs_engine::Runtime| {
         (args.probe_mib > 0).then(|| {
@@ -135,19 +191,35 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         })
     };
     let probe_before = probe(&model.runtime);
+    let placement = || {
+        let runtime = &model.runtime;
+        probe_read_placement(&runtime.pool, runtime.isa, args.probe_mib << 20, 3)
+    };
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let mut placed: Vec<Placed> = Vec::new();
     for _ in 0..args.reps.max(1) {
+        let before = args.placement.then(placement);
         let done = greedy_request(&model, &prompt, args.gen_tokens, args.kv_type)?;
         let ttft = done.time_to_first_token.unwrap_or_default();
         prefill.push(prompt.len() as f64 / ttft.as_secs_f64().max(1e-9));
         decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
+        if let Some(before) = before {
+            let after = placement();
+            let path = before.read_path();
+            let agreed = (path == after.read_path() && path != Sharing::Between).then_some(path);
+            let probe = (before.all_bytes_per_s + after.all_bytes_per_s) / 2.0 / 1e9;
+            placed.push((agreed, probe));
+        }
     }
+    let bytes_per_token = model.model.weight_bytes_per_token();
+    let placement = args
+        .placement
+        .then(|| by_placement(&placed, &decode, bytes_per_token));
     let prefill_tps = median(&mut prefill);
     let decode_tps = median(&mut decode);
     let probe_after = probe(&model.runtime);
     // Against the faster probe, so a slow minute never flatters decode.
     let probe_gbps = probe_before.zip(probe_after).map(|(b, a)| b.max(a));
-    let bytes_per_token = model.model.weight_bytes_per_token();
     let gbps = bytes_per_token as f64 * decode_tps / 1e9;
     let isa = model.runtime.isa;
     if args.json {
@@ -169,6 +241,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             "decode_weight_gb_per_s": gbps,
             "read_probe_gb_per_s": [probe_before, probe_after],
             "decode_fraction_of_probe": probe_gbps.map(|p| gbps / p),
+            "placement": placement,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -204,6 +277,31 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
                 args.probe_mib,
                 100.0 * gbps / best
             );
+        }
+        if let Some(p) = &placement {
+            let paths: Vec<&str> = p["read_paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            println!(
+                "  by placement (read paths around each repetition: {}; own: each thread its own \
+                 path to memory, shared: one):",
+                paths.join(", ")
+            );
+            for (path, r) in p["by_read_path"].as_object().into_iter().flatten() {
+                let f = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "    {path:<6} decode {:.1} tokens/s, {:.1} GB/s: {:.0}% of the {:.1} GB/s all \
+                     threads read around it ({} runs)",
+                    f("decode_tokens_per_s"),
+                    f("decode_weight_gb_per_s"),
+                    100.0 * f("decode_fraction_of_probe"),
+                    f("read_probe_gb_per_s"),
+                    r["runs"]
+                );
+            }
         }
     }
     Ok(())

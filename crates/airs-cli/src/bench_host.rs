@@ -2,7 +2,9 @@
 //! placement a measurement ran under (`airs_engine::cores`). One thread's and all threads'
 //! int8 dot rate and read bandwidth, and their ratios: on the 2-vCPU benchmark host, 2 cores'
 //! worth of the dot instruction unless the vCPUs share a core, and 2× one thread's read
-//! bandwidth or only 1.1× as the host places them (`airs_engine::cores`).
+//! bandwidth or only 1.1× as the host places them (`airs_engine::cores`); and how long a cache
+//! line takes to go from one thread to the other and back (60-90 ns on one chiplet, 330-360 ns
+//! across two).
 //! `scripts/peer-bench.sh` runs it before and after every engine's run.
 //!
 //! Cost: about half a second with the defaults (`airs_engine::cores`).
@@ -51,6 +53,7 @@ pub fn run(args: BenchHostArgs) -> anyhow::Result<()> {
             "read_scaling": share.read_scaling(),
             "multipliers": share.multipliers().name(),
             "read_path": share.read_path().name(),
+            "cache_line_round_trip_ns": share.round_trip_ns,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -73,5 +76,8 @@ pub fn run(args: BenchHostArgs) -> anyhow::Result<()> {
         share.read_scaling(),
         share.read_path().name()
     );
+    if let Some(ns) = share.round_trip_ns {
+        println!("  hand-off   a cache line from thread 0 to thread 1 and back: {ns:.0} ns");
+    }
     Ok(())
 }

@@ -648,7 +648,95 @@ fn bench_host_reports_one_thread_and_all_threads_and_their_ratios() {
         };
         assert_eq!(v[class], expected, "{v}");
     }
+    let round_trip = v["cache_line_round_trip_ns"].as_f64().unwrap();
+    assert!(round_trip > 0.0 && round_trip < 1e8, "{v}");
+    let one = json_of(&[
+        "bench",
+        "host",
+        "--threads",
+        "1",
+        "--pass-ms",
+        "2",
+        "--read-mib",
+        "8",
+        "--passes",
+        "1",
+        "--json",
+    ]);
+    assert!(one["cache_line_round_trip_ns"].is_null(), "{one}");
     let out = airs(&["bench", "host", "--passes", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--passes"));
+}
+
+#[test]
+fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() {
+    let v = json_of(&[
+        "bench",
+        "decode",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "8",
+        "--reps",
+        "3",
+        "--threads",
+        "2",
+        "--probe-mib",
+        "8",
+        "--placement",
+        "--json",
+    ]);
+    let decode: Vec<f64> = v["decode_tokens_per_s_all"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_f64().unwrap())
+        .collect();
+    assert_eq!(decode.len(), 3);
+    assert!(decode.iter().all(|&r| r > 0.0), "{v}");
+    let bytes_per_token = v["weight_bytes_per_token"].as_f64().unwrap();
+    let paths: Vec<&str> = v["placement"]["read_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(paths.len(), 3, "{v}");
+    assert!(
+        paths.iter().all(|p| ["own", "shared", "moved"].contains(p)),
+        "{v}"
+    );
+    // Each placement's figures are its repetitions' (what the host gives is not the test's to
+    // assert): as many runs as repetitions under it, and the weight bandwidth of its median.
+    let by_path = v["placement"]["by_read_path"].as_object().unwrap();
+    for (path, r) in by_path {
+        let runs = r["runs"].as_u64().unwrap() as usize;
+        assert_eq!(runs, paths.iter().filter(|p| *p == path).count(), "{v}");
+        let tps = r["decode_tokens_per_s"].as_f64().unwrap();
+        let gbps = r["decode_weight_gb_per_s"].as_f64().unwrap();
+        assert!(
+            (gbps * 1e9 / (bytes_per_token * tps) - 1.0).abs() < 1e-9,
+            "{v}"
+        );
+        let (probe, fraction) = (
+            r["read_probe_gb_per_s"].as_f64().unwrap(),
+            r["decode_fraction_of_probe"].as_f64().unwrap(),
+        );
+        assert!(probe > 0.0 && fraction > 0.0, "{v}");
+        if runs == 1 {
+            assert!((fraction * probe / gbps - 1.0).abs() < 1e-9, "{v}");
+        }
+    }
+    let placed = paths.iter().filter(|p| **p != "moved").count();
+    assert_eq!(
+        by_path
+            .values()
+            .map(|r| r["runs"].as_u64().unwrap() as usize)
+            .sum::<usize>(),
+        placed
+    );
+    let out = airs(&["bench", "decode", "--placement", "--probe-mib", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--probe-mib"));
 }

@@ -14,11 +14,25 @@
 //! speed is only comparable with one measured under the same placement: `airs bench host`
 //! reports it, and `scripts/peer-bench.sh` runs it around every engine's run.
 //!
+//! The two placements differ in a third way, which a batched step feels: how long a cache line
+//! written by one thread takes to reach the other ([`probe_round_trip`]). Two threads passing
+//! a line back and forth took 60-90 ns a round trip whenever two threads read about 1.1× one
+//! thread (cores of one chiplet, which share its L3), 330-360 ns whenever they read about 2×
+//! (two chiplets: the line crosses the I/O die), and 27-35 ns in the rare one-core placement.
+//! Every pool job hands its work and its results across that gap (a product's output rows
+//! written by one thread are the next product's input on the other), so sixteen sequences'
+//! compute-bound steps ran 460-488 tokens/s across chiplets and 537-543 on one
+//! (BENCHMARKS.md).
+//!
 //! What: [`crate::dot_peak`]'s int8 dot probe and [`crate::bandwidth`]'s read probe, each on a
 //! one-thread pool (the calling thread; the pool's workers are asleep by then, after their
-//! short spin) and on the pool. Cost: each probe twice, so about `2 × (passes + 1) × pass_ms`
-//! of dot passes and `2 × passes` reads of `read_bytes` after its first touch: ≈ 0.5 s with
-//! the defaults of `airs bench host`.
+//! short spin) and on the pool; then the round trip between the pool's first two threads.
+//! Cost: each probe twice, so about `2 × (passes + 1) × pass_ms` of dot passes and `2 ×
+//! passes` reads of `read_bytes` after its first touch, and [`ROUND_TRIPS`] round trips
+//! (under 10 ms): ≈ 0.5 s with the defaults of `airs bench host`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use airs_kernels::Isa;
 
@@ -36,6 +50,9 @@ pub struct CoreShare {
     /// Bytes read per second, median over passes: one thread, all threads.
     pub read_one_bytes_per_s: f64,
     pub read_all_bytes_per_s: f64,
+    /// Nanoseconds for a cache line to go from the pool's first thread to its second and back
+    /// ([`probe_round_trip`]); `None` on one thread.
+    pub round_trip_ns: Option<f64>,
 }
 
 /// Whether the threads each get a resource (a core's multipliers, a path to memory) of their
@@ -116,14 +133,108 @@ pub fn probe_core_share(
         dot_all_macs_per_s: dot_all,
         read_one_bytes_per_s: read_one,
         read_all_bytes_per_s: read_all,
+        round_trip_ns: probe_round_trip(pool, ROUND_TRIPS).map(|t| t.as_secs_f64() * 1e9),
     }
 }
 
-/// [`CoreShare::read_path`] alone: only the read probes (what a memory-bound measurement needs
-/// to know, without the dot probes' time).
-pub fn probe_read_path(pool: &ThreadPool, isa: Isa, read_bytes: usize, passes: usize) -> Sharing {
+/// Round trips [`probe_core_share`] times: about 1 ms on one chiplet, 7 ms across two.
+pub const ROUND_TRIPS: usize = 20_000;
+
+/// The mean time for a cache line written by the pool's thread 0 to be seen by its thread 1,
+/// and for thread 1's answer to come back, over up to `round_trips` exchanges (the two threads
+/// spin on one atomic word on its own line, each writing the next value when it reads the
+/// other's; the clock starts once thread 1 has said it is running). Stops early after 100 ms
+/// (threads sharing one CPU pass the line only when the scheduler switches them); `None` with
+/// fewer than two threads or no round trip done.
+pub fn probe_round_trip(pool: &ThreadPool, round_trips: usize) -> Option<Duration> {
+    /// The word the threads pass, alone on its cache line.
+    #[repr(align(64))]
+    struct Line(AtomicU64);
+    /// Written instead of the next value when thread 0 gives up.
+    const STOP: u64 = u64::MAX;
+    const BUDGET: Duration = Duration::from_millis(100);
+    if pool.threads() < 2 || round_trips == 0 {
+        return None;
+    }
+    let line = Line(AtomicU64::new(0));
+    let result = std::sync::Mutex::new(None);
+    pool.run(&|thread| match thread {
+        0 => {
+            // Thread 1 writes 1 when it runs; round trip `i` sends 2i + 2 and waits for 2i + 3.
+            while line.0.load(Ordering::Acquire) != 1 {
+                std::hint::spin_loop();
+            }
+            let started = Instant::now();
+            let mut done = 0;
+            while done < round_trips {
+                if done % 64 == 63 && started.elapsed() > BUDGET {
+                    break;
+                }
+                let sent = 2 * done as u64 + 2;
+                line.0.store(sent, Ordering::Release);
+                while line.0.load(Ordering::Acquire) != sent + 1 {
+                    std::hint::spin_loop();
+                }
+                done += 1;
+            }
+            let elapsed = started.elapsed();
+            line.0.store(STOP, Ordering::Release);
+            *result.lock().unwrap_or_else(|e| e.into_inner()) =
+                (done > 0).then(|| elapsed / done as u32);
+        }
+        1 => {
+            line.0.store(1, Ordering::Release);
+            let mut expect = 2;
+            loop {
+                match line.0.load(Ordering::Acquire) {
+                    STOP => break,
+                    v if v == expect => {
+                        line.0.store(v + 1, Ordering::Release);
+                        expect += 2;
+                    }
+                    _ => std::hint::spin_loop(),
+                }
+            }
+        }
+        _ => {}
+    });
+    result.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The read probes of [`probe_core_share`] alone: one thread's and all threads' read bandwidth
+/// (what a memory-bound measurement needs to know, without the dot probes' time).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ReadPlacement {
+    pub threads: usize,
+    pub one_bytes_per_s: f64,
+    pub all_bytes_per_s: f64,
+}
+
+impl ReadPlacement {
+    /// Whether the threads each have a path to memory ([`CoreShare::read_path`]).
+    pub fn read_path(&self) -> Sharing {
+        Sharing::of(self.all_bytes_per_s / self.one_bytes_per_s, self.threads)
+    }
+}
+
+/// Probe the read bandwidth of one of `pool`'s threads, then of all of them.
+pub fn probe_read_placement(
+    pool: &ThreadPool,
+    isa: Isa,
+    read_bytes: usize,
+    passes: usize,
+) -> ReadPlacement {
     let (one, all) = read_alone_then_together(pool, isa, read_bytes, passes);
-    Sharing::of(all / one, pool.threads())
+    ReadPlacement {
+        threads: pool.threads(),
+        one_bytes_per_s: one,
+        all_bytes_per_s: all,
+    }
+}
+
+/// [`ReadPlacement::read_path`] of a fresh [`probe_read_placement`].
+pub fn probe_read_path(pool: &ThreadPool, isa: Isa, read_bytes: usize, passes: usize) -> Sharing {
+    probe_read_placement(pool, isa, read_bytes, passes).read_path()
 }
 
 fn read_alone_then_together(
@@ -166,6 +277,27 @@ mod tests {
             assert!(rate.is_finite() && rate > 0.0, "{share:?}");
         }
         assert!(share.dot_cores().is_finite() && share.read_scaling().is_finite());
+        let round_trip = share.round_trip_ns.expect("two threads");
+        assert!(round_trip.is_finite() && round_trip > 0.0, "{share:?}");
+    }
+
+    #[test]
+    fn a_cache_line_goes_to_the_second_thread_and_back() {
+        let pool = ThreadPool::new(2);
+        // Whatever the placement (a test beside this one may share its CPUs: the budget bounds
+        // it), each exchange takes a real, finite time, and the pool still runs jobs after.
+        let t = probe_round_trip(&pool, 2_000).expect("two threads");
+        assert!(
+            t > Duration::ZERO && t < Duration::from_millis(100),
+            "{t:?}"
+        );
+        assert_eq!(probe_round_trip(&ThreadPool::new(1), 2_000), None);
+        assert_eq!(probe_round_trip(&pool, 0), None);
+        let ran = AtomicU64::new(0);
+        pool.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.into_inner(), 2);
     }
 
     #[test]

@@ -22,7 +22,10 @@ pub mod repack;
 pub mod sampler;
 
 pub use bandwidth::{ReadBandwidth, probe_read_bandwidth};
-pub use cores::{CoreShare, Sharing, probe_core_share, probe_read_path};
+pub use cores::{
+    CoreShare, ReadPlacement, Sharing, probe_core_share, probe_read_path, probe_read_placement,
+    probe_round_trip,
+};
 pub use dot_peak::{DotPeak, probe_int8_dot_peak};
 pub use error::{EngineError, EngineErrorKind};
 pub use forward::{BatchOutput, BatchSeq, Logits, Output, Runtime};
