@@ -53,9 +53,10 @@ pub struct BenchDecodeArgs {
     pub json: bool,
 }
 
-/// One repetition's placement: the read path both probes around it found (`None`: they
-/// disagreed, or found neither), and the all-threads read bandwidth, GB/s, their mean.
-type Placed = (Option<Sharing>, f64);
+/// One repetition's placement: the read path of the probes around it
+/// ([`Sharing::bracketing`]; `Between`: they disagreed, or found neither), and the
+/// all-threads read bandwidth, GB/s, their mean.
+type Placed = (Sharing, f64);
 
 /// Per placement (own, shared): the median decode tokens/s, weight GB/s, all-threads read probe
 /// GB/s and fraction of it, over the repetitions under it.
@@ -65,7 +66,7 @@ fn by_placement(placed: &[Placed], decode: &[f64], bytes_per_token: usize) -> se
         let runs: Vec<(f64, f64)> = placed
             .iter()
             .zip(decode)
-            .filter(|((p, _), _)| *p == Some(path))
+            .filter(|((p, _), _)| *p == path)
             .map(|(&(_, probe), &tps)| (tps, probe))
             .collect();
         if runs.is_empty() {
@@ -88,7 +89,7 @@ fn by_placement(placed: &[Placed], decode: &[f64], bytes_per_token: usize) -> se
     json!({
         "read_paths": placed
             .iter()
-            .map(|(p, _)| p.map_or("moved", Sharing::name))
+            .map(|&(p, _)| if p == Sharing::Between { "moved" } else { p.name() })
             .collect::<Vec<_>>(),
         "by_read_path": by_path,
     })
@@ -191,24 +192,23 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         })
     };
     let probe_before = probe(&model.runtime);
-    let placement = || {
+    let probe_placement = || {
         let runtime = &model.runtime;
         probe_read_placement(&runtime.pool, runtime.isa, args.probe_mib << 20, 3)
     };
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut placed: Vec<Placed> = Vec::new();
     for _ in 0..args.reps.max(1) {
-        let before = args.placement.then(placement);
+        let before = args.placement.then(probe_placement);
         let done = greedy_request(&model, &prompt, args.gen_tokens, args.kv_type)?;
         let ttft = done.time_to_first_token.unwrap_or_default();
         prefill.push(prompt.len() as f64 / ttft.as_secs_f64().max(1e-9));
         decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
         if let Some(before) = before {
-            let after = placement();
-            let path = before.read_path();
-            let agreed = (path == after.read_path() && path != Sharing::Between).then_some(path);
+            let after = probe_placement();
+            let path = Sharing::bracketing(before.read_path(), after.read_path());
             let probe = (before.all_bytes_per_s + after.all_bytes_per_s) / 2.0 / 1e9;
-            placed.push((agreed, probe));
+            placed.push((path, probe));
         }
     }
     let bytes_per_token = model.model.weight_bytes_per_token();

@@ -385,8 +385,8 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     let mut identical_all = true;
     let mut one_session: Option<f64> = None;
     let mut one_session_span: Option<f64> = None;
-    // Repetitions alternate the concurrencies. With `--placement`, each run's read path: the
-    // probes' before and after it when they agree, else `Between` (the host moved the vCPUs).
+    // Repetitions alternate the concurrencies. With `--placement`, each run's read path
+    // (`Sharing::bracketing` the probes before and after it).
     let read_path = || {
         let runtime = &model.runtime;
         probe_read_path(&runtime.pool, runtime.isa, 256 << 20, 3)
@@ -398,12 +398,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             let before = args.placement.then(read_path);
             runs.push(measure(&model, &args, &prompts[..n])?);
             if let Some(before) = before {
-                let after = read_path();
-                paths.push(if before == after {
-                    before
-                } else {
-                    Sharing::Between
-                });
+                paths.push(Sharing::bracketing(before, read_path()));
             }
         }
     }

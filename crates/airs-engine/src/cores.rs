@@ -21,7 +21,7 @@
 //! (two chiplets: the line crosses the I/O die), and 27-35 ns in the rare one-core placement.
 //! Every pool job hands its work and its results across that gap (a product's output rows
 //! written by one thread are the next product's input on the other), so sixteen sequences'
-//! compute-bound steps ran 460-488 tokens/s across chiplets and 537-543 on one
+//! compute-bound steps ran 461-464 tokens/s across chiplets and 537-543 on one
 //! (BENCHMARKS.md).
 //!
 //! What: [`crate::dot_peak`]'s int8 dot probe and [`crate::bandwidth`]'s read probe, each on a
@@ -75,6 +75,16 @@ impl Sharing {
             Sharing::Own
         } else if ratio < 0.65 * threads {
             Sharing::Shared
+        } else {
+            Sharing::Between
+        }
+    }
+
+    /// The class of a run bracketed by two probes: theirs when they agree, else `Between`
+    /// (the host moved the threads during the run).
+    pub fn bracketing(before: Sharing, after: Sharing) -> Sharing {
+        if before == after {
+            before
         } else {
             Sharing::Between
         }
@@ -318,5 +328,14 @@ mod tests {
         assert_eq!(Sharing::of(1.0, 1), Sharing::Own);
         assert_eq!(Sharing::of(2.5, 4), Sharing::Shared);
         assert_eq!(Sharing::of(3.0, 4), Sharing::Own);
+        // A run between two probes is theirs only when they agree.
+        assert_eq!(
+            Sharing::bracketing(Sharing::Own, Sharing::Own),
+            Sharing::Own
+        );
+        assert_eq!(
+            Sharing::bracketing(Sharing::Own, Sharing::Shared),
+            Sharing::Between
+        );
     }
 }
