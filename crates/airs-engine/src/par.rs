@@ -52,6 +52,21 @@ impl<'a, T> DisjointOut<'a, T> {
 /// Rows of a rows16 group.
 const G: usize = airs_kernels::rows16::GROUP_ROWS;
 
+/// Row chunks a thread is dealt of a product of several tokens: enough that a thread done
+/// early takes a slow core's last ones (these machines are noisy), since such a product is
+/// bound by the multipliers and every core's share counts.
+const CHUNKS_PER_THREAD: usize = 8;
+
+/// Row chunks a thread is dealt of one token's product, which streams its weights at the
+/// memory's rate: two, so that a thread done early can still take half of a slow core's run.
+/// More and finer chunks cost time: with eight, TinyLlama-1.1B Q4_K_M decoded 1.5-4 % slower
+/// under two memory links (0.6-2 % under one), and with 32, 7-10 % slower, measured token by
+/// token in alternation within one run (BENCHMARKS.md). The code run per chunk (dealing it,
+/// entering the kernel) took 2-3 % of the samples at 32; the rest is not explained. One
+/// chunk a thread, which leaves nothing to take, was 1 % slower than two, and eight chunks
+/// with nothing taken 2-5 % slower than eight taken.
+const ONE_TOKEN_CHUNKS_PER_THREAD: usize = 2;
+
 /// What a pool job does: bytes it reads (weights, activations, KV rows) and multiply-adds.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Work {
@@ -240,7 +255,9 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    let chunk = job.chunk(pool.threads());
+    let [chunk] = chunk_rows(&[(w.rows, w.row_bytes)], tokens, pool.threads())[..] else {
+        unreachable!("one product, one chunk size")
+    };
     for_chunks_of(pool, w.rows, chunk, job.work(), &|range| job.compute(range));
     None
 }
@@ -271,7 +288,8 @@ pub(crate) fn matmuls(
         jobs.push(job);
     }
     // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
-    let chunks: Vec<usize> = jobs.iter().map(|j| j.chunk(pool.threads())).collect();
+    let shapes: Vec<(usize, usize)> = jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)).collect();
+    let chunks = chunk_rows(&shapes, tokens, pool.threads());
     let mut first = vec![0usize];
     for (job, &chunk) in jobs.iter().zip(&chunks) {
         first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
@@ -319,7 +337,12 @@ pub(crate) fn matmul_gated(
     let gate = RowJob::new(isa, image, tokens, gate, &[]);
     let up = RowJob::new(isa, image, tokens, up, std::slice::from_ref(&gate));
     let work = gate.work() + up.work();
-    for_chunks_of(pool, rows, gate.chunk(pool.threads()), work, &|range| {
+    // A chunk computes the same rows of both.
+    let row_bytes = gate.w.row_bytes + up.w.row_bytes;
+    let [chunk] = chunk_rows(&[(rows, row_bytes)], tokens, pool.threads())[..] else {
+        unreachable!("one pair of products, one chunk size")
+    };
+    for_chunks_of(pool, rows, chunk, work, &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
         for t in 0..tokens {
@@ -429,11 +452,6 @@ impl<'a> RowJob<'a> {
         Work::product(self.w, self.tokens)
     }
 
-    /// Rows per chunk: enough chunks for balance on a noisy machine, each whole groups.
-    fn chunk(&self, threads: usize) -> usize {
-        (self.w.rows / (threads * 8)).next_multiple_of(G).max(G)
-    }
-
     /// Rows `range` (starting at a group) of the product, for every token.
     fn compute(&self, range: Range<usize>) {
         for (rows, packed) in layout_runs(self.w, range) {
@@ -523,6 +541,30 @@ impl<'a> RowJob<'a> {
             }),
         }
     }
+}
+
+/// Rows per chunk of each of the products `shapes` (rows, bytes a row) dealt as one pool job
+/// over `tokens` input rows on `threads` threads: whole groups, each chunk about an equal share
+/// of the job's weight bytes, [`CHUNKS_PER_THREAD`] shares a thread for several tokens and
+/// [`ONE_TOKEN_CHUNKS_PER_THREAD`] for one. (q/k/v: a share of the whole job, not of each
+/// product, so that one thread's run is not all of q while the other's is the small k and v
+/// and whatever it takes back from q: steps of one token and of four 0-1.5 % faster on
+/// TinyLlama-1.1B and Qwen2.5-0.5B, BENCHMARKS.md.)
+fn chunk_rows(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
+    let per_thread = if tokens == 1 {
+        ONE_TOKEN_CHUNKS_PER_THREAD
+    } else {
+        CHUNKS_PER_THREAD
+    };
+    let bytes: usize = shapes
+        .iter()
+        .map(|&(rows, row_bytes)| rows * row_bytes)
+        .sum();
+    let target = bytes / (threads * per_thread);
+    shapes
+        .iter()
+        .map(|&(_, row_bytes)| (target / row_bytes.max(1)).next_multiple_of(G).max(G))
+        .collect()
 }
 
 /// Fill `prep` (laid out for `tokens` rows of `w`'s activations) from `acts`, token groups
@@ -621,6 +663,73 @@ mod tests {
             seen.lock().unwrap().push((name, range));
         });
         seen.into_inner().unwrap()
+    }
+
+    /// The bytes of every chunk `chunk_rows` cuts `shapes` into, product after product.
+    fn chunk_bytes(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
+        let chunks = chunk_rows(shapes, tokens, threads);
+        assert_eq!(chunks.len(), shapes.len());
+        assert!(chunks.iter().all(|c| c.is_multiple_of(G) && *c > 0));
+        shapes
+            .iter()
+            .zip(&chunks)
+            .flat_map(|(&(rows, row_bytes), &chunk)| {
+                (0..rows)
+                    .step_by(chunk)
+                    .map(move |r0| chunk.min(rows - r0) * row_bytes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_tokens_product_is_dealt_in_two_chunks_a_thread_and_several_tokens_in_eight() {
+        // TinyLlama's attention output (2048 rows) and feed-forward (5632), Q4_K rows of 2048
+        // values (1152 bytes); Qwen's (896), Q5_0 rows of 896 (616).
+        for (rows, row_bytes) in [(2048, 1152), (5632, 1152), (896, 616)] {
+            for threads in [2, 4] {
+                let one = chunk_bytes(&[(rows, row_bytes)], 1, threads).len();
+                assert_eq!(one, threads * ONE_TOKEN_CHUNKS_PER_THREAD, "{rows} rows");
+                let several = chunk_bytes(&[(rows, row_bytes)], 4, threads).len();
+                assert!(
+                    several.abs_diff(threads * CHUNKS_PER_THREAD)
+                        <= threads * CHUNKS_PER_THREAD / 4,
+                    "{rows} rows, {threads} threads: {several} chunks"
+                );
+            }
+        }
+        // A matrix of fewer rows than that: chunks of one group.
+        assert_eq!(chunk_rows(&[(64, 1152)], 4, 2), [G]);
+        assert_eq!(chunk_rows(&[(G, 1152)], 1, 8), [G]);
+    }
+
+    #[test]
+    fn q_k_and_v_dealt_together_get_chunks_of_about_equal_bytes() {
+        // TinyLlama-1.1B Q4_K_M: q and k Q4_K (1152 bytes a row), v Q6_K (1680).
+        let shapes = [(2048, 1152), (256, 1152), (256, 1680)];
+        let total: usize = shapes
+            .iter()
+            .map(|&(rows, row_bytes)| rows * row_bytes)
+            .sum();
+        for (tokens, per_thread) in [(1, ONE_TOKEN_CHUNKS_PER_THREAD), (4, CHUNKS_PER_THREAD)] {
+            let bytes = chunk_bytes(&shapes, tokens, 2);
+            assert_eq!(bytes.iter().sum::<usize>(), total);
+            let share = total / (2 * per_thread);
+            // No chunk is more than a share and a group, and q's first is about one share.
+            // (Cut per product, a quarter or a sixteenth of each, q's chunks were three
+            // quarters of a share and k's and v's a tenth or less.)
+            assert!(
+                bytes.iter().all(|&b| b <= share + G * 1680),
+                "{tokens} tokens: {bytes:?}, a share {share}"
+            );
+            assert!(
+                bytes[0].abs_diff(share) <= G * 1152,
+                "{tokens} tokens: {bytes:?}"
+            );
+            assert!(
+                bytes.len() <= 2 * per_thread + 3,
+                "{tokens} tokens: {bytes:?}"
+            );
+        }
     }
 
     #[test]
