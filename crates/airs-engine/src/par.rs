@@ -60,11 +60,11 @@ const CHUNKS_PER_THREAD: usize = 8;
 /// Row chunks a thread is dealt of one token's product, which streams its weights at the
 /// memory's rate: two, so that a thread done early can still take half of a slow core's run.
 /// More and finer chunks cost time: with eight, TinyLlama-1.1B Q4_K_M decoded 1.5-4 % slower
-/// under two memory links (0.6-2 % under one), and with 32, 7-10 % slower, measured token by
+/// under two memory links (0.6-2 % under one), and with 32, 6-10 % slower, measured token by
 /// token in alternation within one run (BENCHMARKS.md). The code run per chunk (dealing it,
 /// entering the kernel) took 2-3 % of the samples at 32; the rest is not explained. One
 /// chunk a thread, which leaves nothing to take, was 1 % slower than two, and eight chunks
-/// with nothing taken 2-5 % slower than eight taken.
+/// with nothing taken up to 5 % slower than eight taken.
 const ONE_TOKEN_CHUNKS_PER_THREAD: usize = 2;
 
 /// What a pool job does: bytes it reads (weights, activations, KV rows) and multiply-adds.
