@@ -255,9 +255,8 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    let [chunk] = chunk_rows(&[(w.rows, w.row_bytes)], tokens, pool.threads())[..] else {
-        unreachable!("one product, one chunk size")
-    };
+    let share = chunk_share(w.bytes(), tokens, pool.threads());
+    let chunk = rows_per_chunk(share, w.row_bytes);
     for_chunks_of(pool, w.rows, chunk, job.work(), &|range| job.compute(range));
     None
 }
@@ -288,8 +287,11 @@ pub(crate) fn matmuls(
         jobs.push(job);
     }
     // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
-    let shapes: Vec<(usize, usize)> = jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)).collect();
-    let chunks = chunk_rows(&shapes, tokens, pool.threads());
+    let chunks = chunk_rows(
+        jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)),
+        tokens,
+        pool.threads(),
+    );
     let mut first = vec![0usize];
     for (job, &chunk) in jobs.iter().zip(&chunks) {
         first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
@@ -339,9 +341,10 @@ pub(crate) fn matmul_gated(
     let work = gate.work() + up.work();
     // A chunk computes the same rows of both.
     let row_bytes = gate.w.row_bytes + up.w.row_bytes;
-    let [chunk] = chunk_rows(&[(rows, row_bytes)], tokens, pool.threads())[..] else {
-        unreachable!("one pair of products, one chunk size")
-    };
+    let chunk = rows_per_chunk(
+        chunk_share(rows * row_bytes, tokens, pool.threads()),
+        row_bytes,
+    );
     for_chunks_of(pool, rows, chunk, work, &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
@@ -543,27 +546,40 @@ impl<'a> RowJob<'a> {
     }
 }
 
-/// Rows per chunk of each of the products `shapes` (rows, bytes a row) dealt as one pool job
-/// over `tokens` input rows on `threads` threads: whole groups, each chunk about an equal share
-/// of the job's weight bytes, [`CHUNKS_PER_THREAD`] shares a thread for several tokens and
-/// [`ONE_TOKEN_CHUNKS_PER_THREAD`] for one. (q/k/v: a share of the whole job, not of each
-/// product, so that one thread's run is not all of q while the other's is the small k and v
-/// and whatever it takes back from q: steps of one token and of four 0-1.5 % faster on
-/// TinyLlama-1.1B and Qwen2.5-0.5B, BENCHMARKS.md.)
-fn chunk_rows(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
+/// Bytes of weights a chunk of a pool job reading `bytes` of them over `tokens` input rows on
+/// `threads` threads holds: an equal share, [`CHUNKS_PER_THREAD`] shares a thread for several
+/// tokens and [`ONE_TOKEN_CHUNKS_PER_THREAD`] for one.
+fn chunk_share(bytes: usize, tokens: usize, threads: usize) -> usize {
     let per_thread = if tokens == 1 {
         ONE_TOKEN_CHUNKS_PER_THREAD
     } else {
         CHUNKS_PER_THREAD
     };
-    let bytes: usize = shapes
-        .iter()
-        .map(|&(rows, row_bytes)| rows * row_bytes)
+    bytes / (threads * per_thread)
+}
+
+/// Rows of `row_bytes` bytes that make up a chunk of `share` bytes: whole groups, at least one.
+fn rows_per_chunk(share: usize, row_bytes: usize) -> usize {
+    (share / row_bytes.max(1)).next_multiple_of(G).max(G)
+}
+
+/// Rows per chunk of each of the products `shapes` (rows, bytes a row) dealt as one pool job
+/// ([`matmuls`]): chunks of a share of the whole job's bytes, not of each product's, so that
+/// one thread's run is not all of q while the other's is the small k and v and whatever it
+/// takes back from q (steps of one token and of four 0-1.5 % faster on TinyLlama-1.1B and
+/// Qwen2.5-0.5B, BENCHMARKS.md).
+fn chunk_rows(
+    shapes: impl Iterator<Item = (usize, usize)> + Clone,
+    tokens: usize,
+    threads: usize,
+) -> Vec<usize> {
+    let bytes = shapes
+        .clone()
+        .map(|(rows, row_bytes)| rows * row_bytes)
         .sum();
-    let target = bytes / (threads * per_thread);
+    let share = chunk_share(bytes, tokens, threads);
     shapes
-        .iter()
-        .map(|&(_, row_bytes)| (target / row_bytes.max(1)).next_multiple_of(G).max(G))
+        .map(|(_, row_bytes)| rows_per_chunk(share, row_bytes))
         .collect()
 }
 
@@ -667,7 +683,7 @@ mod tests {
 
     /// The bytes of every chunk `chunk_rows` cuts `shapes` into, product after product.
     fn chunk_bytes(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
-        let chunks = chunk_rows(shapes, tokens, threads);
+        let chunks = chunk_rows(shapes.iter().copied(), tokens, threads);
         assert_eq!(chunks.len(), shapes.len());
         assert!(chunks.iter().all(|c| c.is_multiple_of(G) && *c > 0));
         shapes
@@ -698,8 +714,8 @@ mod tests {
             }
         }
         // A matrix of fewer rows than that: chunks of one group.
-        assert_eq!(chunk_rows(&[(64, 1152)], 4, 2), [G]);
-        assert_eq!(chunk_rows(&[(G, 1152)], 1, 8), [G]);
+        assert_eq!(chunk_rows([(64, 1152)].into_iter(), 4, 2), [G]);
+        assert_eq!(chunk_rows([(G, 1152)].into_iter(), 1, 8), [G]);
     }
 
     #[test]
