@@ -6,6 +6,9 @@
 //! a read-bandwidth probe (`airs_engine::bandwidth`) runs on the same threads, and decode's
 //! weight bandwidth is reported as a fraction of the faster of the two.
 //!
+//! With `--alternate-chunks A,B`, one setting of the engine takes two values step by step
+//! within the run ([`crate::bench_alternate`]), which compares them under the same placements.
+//!
 //! With `--placement`, every repetition is bracketed by `airs bench host`'s read probes (one
 //! thread, then all: `airs_engine::cores`), and decode is reported per placement against the
 //! all-threads bandwidth probed around it: a virtual machine's host moves its vCPUs between
@@ -20,6 +23,7 @@ use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Req
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
+use crate::bench_alternate::Alternation;
 use crate::model_file::{LoaderArgs, default_threads, load};
 
 #[derive(clap::Args, Debug)]
@@ -49,6 +53,11 @@ pub struct BenchDecodeArgs {
     /// memory of their own, or sharing one. Repetitions whose two probes disagree are left out.
     #[arg(long)]
     pub placement: bool,
+    /// Deal one token's matrix products in A or B row chunks a thread, switched before every
+    /// decode step (A B B A …), and report each setting's step time per window of 256 steps:
+    /// two settings compared under the same placements (`A,B`, e.g. `2,8`).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
+    pub alternate_chunks: Option<Vec<usize>>,
     #[arg(long)]
     pub json: bool,
 }
@@ -138,6 +147,7 @@ pub fn greedy_request(
     prompt: &[u32],
     gen_tokens: usize,
     kv_type: KvType,
+    alternation: Option<&Arc<Mutex<Alternation>>>,
 ) -> anyhow::Result<Completion> {
     let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
     let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
@@ -148,10 +158,16 @@ pub fn greedy_request(
     };
     let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
     let d = Arc::clone(&done);
+    let alt = alternation.cloned();
     let id = scheduler.submit(
         Request::generate(Prompt::Tokens(prompt.to_vec()), params),
         Box::new(move |event| {
             match event {
+                Event::Token(_) => {
+                    if let Some(alt) = &alt {
+                        alt.lock().unwrap().on_token();
+                    }
+                }
                 Event::Done(c) => *d.lock().unwrap() = Some(Ok(c)),
                 Event::Failed(e) => *d.lock().unwrap() = Some(Err(e.into())),
                 _ => {}
@@ -160,6 +176,9 @@ pub fn greedy_request(
         }),
     )?;
     scheduler.run_until_done(id);
+    if let Some(alt) = alternation {
+        alt.lock().unwrap().end_request();
+    }
     let result = done.lock().unwrap().take();
     result.unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))
 }
@@ -183,6 +202,20 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         !args.placement || args.probe_mib > 0,
         "--placement probes --probe-mib MiB: give a positive size"
     );
+    let alternation = match args.alternate_chunks.as_deref() {
+        None => None,
+        Some(&[a, b]) if a >= 1 && b >= 1 => {
+            let m = Arc::clone(&model);
+            let apply = move |chunks| m.runtime.pool.chunks_per_thread().set_one_token(chunks);
+            apply(a);
+            Some(Arc::new(Mutex::new(Alternation::new(
+                "one token's product: row chunks a thread",
+                [a, b],
+                Box::new(apply),
+            ))))
+        }
+        Some(_) => anyhow::bail!("--alternate-chunks takes two counts of at least 1: A,B"),
+    };
     let prompt = prompt_tokens(&model, args.prompt_tokens);
     let probe = |runtime: &airs_engine::Runtime| {
         (args.probe_mib > 0).then(|| {
@@ -200,7 +233,13 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
     let mut placed: Vec<Placed> = Vec::new();
     for _ in 0..args.reps.max(1) {
         let before = args.placement.then(probe_placement);
-        let done = greedy_request(&model, &prompt, args.gen_tokens, args.kv_type)?;
+        let done = greedy_request(
+            &model,
+            &prompt,
+            args.gen_tokens,
+            args.kv_type,
+            alternation.as_ref(),
+        )?;
         let ttft = done.time_to_first_token.unwrap_or_default();
         prefill.push(prompt.len() as f64 / ttft.as_secs_f64().max(1e-9));
         decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
@@ -242,6 +281,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             "read_probe_gb_per_s": [probe_before, probe_after],
             "decode_fraction_of_probe": probe_gbps.map(|p| gbps / p),
             "placement": placement,
+            "alternation": alternation.as_ref().map(|a| a.lock().unwrap().json()),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -302,6 +342,9 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
                     r["runs"]
                 );
             }
+        }
+        if let Some(alt) = &alternation {
+            alt.lock().unwrap().print();
         }
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! `airs`: run, inspect and benchmark GGUF language models with managed model memory.
 
 mod bench;
+mod bench_alternate;
 mod bench_batch;
 mod bench_draft;
 mod bench_host;

@@ -740,3 +740,65 @@ fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() 
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--probe-mib"));
 }
+
+#[test]
+fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
+    // 300 tokens: a window of 256 decode steps and one of the request's last 43.
+    let v = json_of(&[
+        "bench",
+        "decode",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "300",
+        "--reps",
+        "1",
+        "--threads",
+        "2",
+        "--probe-mib",
+        "0",
+        "--alternate-chunks",
+        "1,4",
+        "--json",
+    ]);
+    let alt = &v["alternation"];
+    assert_eq!(
+        (alt["a"].as_u64(), alt["b"].as_u64()),
+        (Some(1), Some(4)),
+        "{v}"
+    );
+    let windows = alt["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 2, "{v}");
+    let steps = |w: &Value| -> Vec<u64> {
+        w["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(steps(&windows[0]), [128, 128], "{v}");
+    // 299 decode steps in all (the first token ends the prefill).
+    assert_eq!(steps(&windows[1]).iter().sum::<u64>(), 299 - 256, "{v}");
+    for w in windows {
+        let (a, b) = (
+            w["a_ms_per_step"].as_f64().unwrap(),
+            w["b_ms_per_step"].as_f64().unwrap(),
+        );
+        assert!(a > 0.0 && b > 0.0, "{v}");
+        assert!(
+            (w["b_over_a"].as_f64().unwrap() - b / a).abs() < 1e-9,
+            "{v}"
+        );
+    }
+    assert!(
+        alt["b_over_a_median"].as_f64().is_some_and(|m| m > 0.0),
+        "{v}"
+    );
+    let out = airs(&["bench", "decode", "--alternate-chunks", "2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("A,B"));
+    let out = airs(&["bench", "decode", "--alternate-chunks", "0,2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
+}

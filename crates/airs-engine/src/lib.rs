@@ -33,5 +33,5 @@ pub use image::{MappedFile, ModelImage, OwnedImage, StaticImage};
 pub use kv::{ContiguousKv, KvCache, KvShape, KvType};
 pub use model::{LayerWeights, Model, TensorRef};
 pub use paged::{PagedKv, PagedKvConfig, PagedKvPool};
-pub use pool::ThreadPool;
+pub use pool::{ChunksPerThread, ThreadPool};
 pub use sampler::{Sampler, SamplerConfig};

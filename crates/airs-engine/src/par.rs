@@ -9,6 +9,8 @@ use std::sync::Arc;
 use airs_kernels::{ActType, Isa, PreparedActs};
 
 use crate::model::TensorRef;
+#[cfg(test)]
+use crate::pool::ChunksPerThread;
 use crate::pool::ThreadPool;
 
 /// An output buffer that the chunks of a parallel job write disjoint parts of.
@@ -51,21 +53,6 @@ impl<'a, T> DisjointOut<'a, T> {
 
 /// Rows of a rows16 group.
 const G: usize = airs_kernels::rows16::GROUP_ROWS;
-
-/// Row chunks a thread is dealt of a product of several tokens: enough that a thread done
-/// early takes a slow core's last ones (these machines are noisy), since such a product is
-/// bound by the multipliers and every core's share counts.
-const CHUNKS_PER_THREAD: usize = 8;
-
-/// Row chunks a thread is dealt of one token's product, which streams its weights at the
-/// memory's rate: two, so that a thread done early can still take half of a slow core's run.
-/// More and finer chunks cost time: with eight, TinyLlama-1.1B Q4_K_M decoded 1.5-4 % slower
-/// under two memory links (0.6-2 % under one), and with 32, 6-10 % slower, measured token by
-/// token in alternation within one run (BENCHMARKS.md). The code run per chunk (dealing it,
-/// entering the kernel) took 2-3 % of the samples at 32; the rest is not explained. One
-/// chunk a thread, which leaves nothing to take, was 1 % slower than two, and eight chunks
-/// with nothing taken up to 5 % slower than eight taken.
-const ONE_TOKEN_CHUNKS_PER_THREAD: usize = 2;
 
 /// What a pool job does: bytes it reads (weights, activations, KV rows) and multiply-adds.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -255,7 +242,11 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    let share = chunk_share(w.bytes(), tokens, pool.threads());
+    let share = chunk_share(
+        w.bytes(),
+        pool.chunks_per_thread().of(tokens),
+        pool.threads(),
+    );
     let chunk = rows_per_chunk(share, w.row_bytes);
     for_chunks_of(pool, w.rows, chunk, job.work(), &|range| job.compute(range));
     None
@@ -289,7 +280,7 @@ pub(crate) fn matmuls(
     // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
     let chunks = chunk_rows(
         jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)),
-        tokens,
+        pool.chunks_per_thread().of(tokens),
         pool.threads(),
     );
     let mut first = vec![0usize];
@@ -342,7 +333,11 @@ pub(crate) fn matmul_gated(
     // A chunk computes the same rows of both.
     let row_bytes = gate.w.row_bytes + up.w.row_bytes;
     let chunk = rows_per_chunk(
-        chunk_share(rows * row_bytes, tokens, pool.threads()),
+        chunk_share(
+            rows * row_bytes,
+            pool.chunks_per_thread().of(tokens),
+            pool.threads(),
+        ),
         row_bytes,
     );
     for_chunks_of(pool, rows, chunk, work, &|range| {
@@ -546,16 +541,11 @@ impl<'a> RowJob<'a> {
     }
 }
 
-/// Bytes of weights a chunk of a pool job reading `bytes` of them over `tokens` input rows on
-/// `threads` threads holds: an equal share, [`CHUNKS_PER_THREAD`] shares a thread for several
-/// tokens and [`ONE_TOKEN_CHUNKS_PER_THREAD`] for one.
-fn chunk_share(bytes: usize, tokens: usize, threads: usize) -> usize {
-    let per_thread = if tokens == 1 {
-        ONE_TOKEN_CHUNKS_PER_THREAD
-    } else {
-        CHUNKS_PER_THREAD
-    };
-    bytes / (threads * per_thread)
+/// Bytes of weights a chunk of a pool job reading `bytes` of them on `threads` threads holds:
+/// an equal share, `chunks_per_thread` shares a thread (the pool's
+/// [`ChunksPerThread`](crate::pool::ChunksPerThread) for the job's input rows).
+fn chunk_share(bytes: usize, chunks_per_thread: usize, threads: usize) -> usize {
+    bytes / (threads * chunks_per_thread).max(1)
 }
 
 /// Rows of `row_bytes` bytes that make up a chunk of `share` bytes: whole groups, at least one.
@@ -570,14 +560,14 @@ fn rows_per_chunk(share: usize, row_bytes: usize) -> usize {
 /// Qwen2.5-0.5B, BENCHMARKS.md).
 fn chunk_rows(
     shapes: impl Iterator<Item = (usize, usize)> + Clone,
-    tokens: usize,
+    chunks_per_thread: usize,
     threads: usize,
 ) -> Vec<usize> {
     let bytes = shapes
         .clone()
         .map(|(rows, row_bytes)| rows * row_bytes)
         .sum();
-    let share = chunk_share(bytes, tokens, threads);
+    let share = chunk_share(bytes, chunks_per_thread, threads);
     shapes
         .map(|(_, row_bytes)| rows_per_chunk(share, row_bytes))
         .collect()
@@ -683,7 +673,8 @@ mod tests {
 
     /// The bytes of every chunk `chunk_rows` cuts `shapes` into, product after product.
     fn chunk_bytes(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
-        let chunks = chunk_rows(shapes.iter().copied(), tokens, threads);
+        let per_thread = ChunksPerThread::default().of(tokens);
+        let chunks = chunk_rows(shapes.iter().copied(), per_thread, threads);
         assert_eq!(chunks.len(), shapes.len());
         assert!(chunks.iter().all(|c| c.is_multiple_of(G) && *c > 0));
         shapes
@@ -704,18 +695,25 @@ mod tests {
         for (rows, row_bytes) in [(2048, 1152), (5632, 1152), (896, 616)] {
             for threads in [2, 4] {
                 let one = chunk_bytes(&[(rows, row_bytes)], 1, threads).len();
-                assert_eq!(one, threads * ONE_TOKEN_CHUNKS_PER_THREAD, "{rows} rows");
+                assert_eq!(one, threads * ChunksPerThread::ONE_TOKEN, "{rows} rows");
                 let several = chunk_bytes(&[(rows, row_bytes)], 4, threads).len();
                 assert!(
-                    several.abs_diff(threads * CHUNKS_PER_THREAD)
-                        <= threads * CHUNKS_PER_THREAD / 4,
+                    several.abs_diff(threads * ChunksPerThread::SEVERAL_TOKENS)
+                        <= threads * ChunksPerThread::SEVERAL_TOKENS / 4,
                     "{rows} rows, {threads} threads: {several} chunks"
                 );
             }
         }
         // A matrix of fewer rows than that: chunks of one group.
-        assert_eq!(chunk_rows([(64, 1152)].into_iter(), 4, 2), [G]);
-        assert_eq!(chunk_rows([(G, 1152)].into_iter(), 1, 8), [G]);
+        let per_thread = ChunksPerThread::default();
+        assert_eq!(
+            chunk_rows([(64, 1152)].into_iter(), per_thread.of(4), 2),
+            [G]
+        );
+        assert_eq!(
+            chunk_rows([(G, 1152)].into_iter(), per_thread.of(1), 8),
+            [G]
+        );
     }
 
     #[test]
@@ -726,7 +724,10 @@ mod tests {
             .iter()
             .map(|&(rows, row_bytes)| rows * row_bytes)
             .sum();
-        for (tokens, per_thread) in [(1, ONE_TOKEN_CHUNKS_PER_THREAD), (4, CHUNKS_PER_THREAD)] {
+        for (tokens, per_thread) in [
+            (1, ChunksPerThread::ONE_TOKEN),
+            (4, ChunksPerThread::SEVERAL_TOKENS),
+        ] {
             let bytes = chunk_bytes(&shapes, tokens, 2);
             assert_eq!(bytes.iter().sum::<usize>(), total);
             let share = total / (2 * per_thread);

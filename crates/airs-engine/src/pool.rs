@@ -43,11 +43,71 @@ struct Shared {
     remaining: AtomicUsize,
 }
 
+/// How finely the matrix products' rows are dealt to the threads ([`crate::par`]): row
+/// chunks a thread gets of a product of one input row and of several. Read once per product
+/// and settable at any time (relaxed atomics), so that `airs bench decode --alternate-chunks`
+/// can switch them between two steps and measure both within one run. Any count gives the
+/// same results: only the speed differs.
+#[derive(Debug)]
+pub struct ChunksPerThread {
+    one_token: AtomicUsize,
+    several_tokens: AtomicUsize,
+}
+
+impl ChunksPerThread {
+    /// The default for one token's product, which streams its weights at the memory's rate:
+    /// two, so that a thread done early can still take half of a slow core's run. More and
+    /// finer chunks cost time: with eight, TinyLlama-1.1B Q4_K_M decoded 1.5-4 % slower under
+    /// two memory links (0.6-2 % under one), and with 32, 6-10 % slower, measured token by
+    /// token in alternation within one run (BENCHMARKS.md). The code run per chunk (dealing
+    /// it, entering the kernel) took 2-3 % of the samples at 32; the rest is not explained.
+    /// One chunk a thread, which leaves nothing to take, was 1 % slower than two, and eight
+    /// chunks with nothing taken up to 5 % slower than eight taken.
+    pub const ONE_TOKEN: usize = 2;
+
+    /// The default for a product of several tokens: enough that a thread done early takes a
+    /// slow core's last ones (these machines are noisy), since such a product is bound by the
+    /// multipliers and every core's share counts (2, 4 and 16 measured within 1 % of it).
+    pub const SEVERAL_TOKENS: usize = 8;
+
+    /// Chunks a thread for a product of `tokens` input rows.
+    pub fn of(&self, tokens: usize) -> usize {
+        let count = if tokens == 1 {
+            &self.one_token
+        } else {
+            &self.several_tokens
+        };
+        count.load(Ordering::Relaxed)
+    }
+
+    /// Deal one token's products in `chunks` chunks a thread (at least one) from the next
+    /// product on.
+    pub fn set_one_token(&self, chunks: usize) {
+        self.one_token.store(chunks.max(1), Ordering::Relaxed);
+    }
+
+    /// Deal several tokens' products in `chunks` chunks a thread (at least one) from the next
+    /// product on.
+    pub fn set_several_tokens(&self, chunks: usize) {
+        self.several_tokens.store(chunks.max(1), Ordering::Relaxed);
+    }
+}
+
+impl Default for ChunksPerThread {
+    fn default() -> ChunksPerThread {
+        ChunksPerThread {
+            one_token: AtomicUsize::new(Self::ONE_TOKEN),
+            several_tokens: AtomicUsize::new(Self::SEVERAL_TOKENS),
+        }
+    }
+}
+
 /// A pool of `threads` threads (the caller counts as one).
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     threads: usize,
+    chunks_per_thread: ChunksPerThread,
     /// Serializes `run` calls from different threads sharing one pool.
     run_lock: Mutex<()>,
 }
@@ -80,6 +140,7 @@ impl ThreadPool {
             shared,
             workers,
             threads,
+            chunks_per_thread: ChunksPerThread::default(),
             run_lock: Mutex::new(()),
         }
     }
@@ -87,6 +148,11 @@ impl ThreadPool {
     /// Number of threads jobs run on.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// How finely the products run on this pool are dealt.
+    pub fn chunks_per_thread(&self) -> &ChunksPerThread {
+        &self.chunks_per_thread
     }
 
     /// Run `job(thread_index)` once on every thread of the pool and wait for all of them.
