@@ -41,7 +41,9 @@
 //! its KV head once and does O(n_ctx × head_dim) work per query head. On x86-64 with AVX2 the
 //! kernel runs as a 256-bit build of the same code, and with AVX-512 F as a build that reads
 //! f16/f32 K columns and f16/f32/q8_0 V rows straight from the cache into 512-bit registers,
-//! four query heads per pass (q8_0 K: [`crate::kv_q8`]'s kernels); on aarch64 (the Pi) the
+//! four query heads per pass of the scores (q8_0 K: [`crate::kv_q8`]'s kernels) and up to eight
+//! of the weighted sum, whose sums stay in registers across the runs of a window of rows
+//! ([`accumulate_runs_avx512`]); on aarch64 (the Pi) the
 //! portable build converts f16 values 8 at a time with NEON's `fcvtl`/`fcvtn` — bit-identical
 //! results in every build (tested, the aarch64 ones under qemu). The next run is prefetched
 //! while one is computed (a paged cache's runs each start a new page). Measured single-thread
@@ -957,62 +959,164 @@ attend_build!(
 );
 attend_build!(
     /// [`attend_runs`] compiled for AVX-512: as the AVX2 build, with f16 and f32 K columns and
-    /// V rows read straight from the cache into 512-bit registers, four query heads at a time
-    /// ([`scores_chunk`], [`accumulate_tile_avx512`]) — the same bits.
+    /// V rows read straight from the cache into 512-bit registers, several query heads at a
+    /// time ([`scores_chunk`], [`accumulate_runs_avx512`]) — the same bits.
     attend_runs_avx512, "avx512f,avx2,f16c,fma", true, true
 );
 
-/// Query heads per pass of [`accumulate_tile_avx512`]: with four registers of columns each,
-/// sixteen independent accumulator chains, every V value loaded and converted once per pass.
+/// Query heads per pass of [`accumulate_runs_avx512`]: a query's heads up to eight (a group
+/// of TinyLlama's and Qwen2.5's), so that every V row is read once per column block.
 #[cfg(target_arch = "x86_64")]
-const AVX512_V_HEADS_PER_PASS: usize = 4;
+const AVX512_V_HEADS_PER_PASS: usize = 8;
 
-/// [`accumulate_rows`] for the `heads = out.len() / head_dim ≤ 4` heads of `out` at once,
-/// reading the `n` V rows of `v` (row `i` at byte `i × stride`, f32, f16 or q8_0 values)
-/// straight from the cache: `out_h += Σ_i w[h · w_stride + i] · row i`, every element summed in
-/// row order by fused multiply-adds (the same bits; a q8_0 value is decoded as its code times
-/// its block's scale, as [`decode_row_with`] does), 64 columns per pass.
+/// A run of V rows for [`accumulate_runs_avx512`]: `rows` rows, row `i` at byte `i × stride`
+/// of `v`.
+#[cfg(target_arch = "x86_64")]
+struct VRun<'a> {
+    v: &'a [u8],
+    rows: usize,
+    stride: usize,
+}
+
+/// [`accumulate_rows`] for the `heads = out.len() / head_dim ≤ 8` heads of `out` at once, over
+/// the first `len` rows of `runs` (f32, f16 or q8_0 values) read straight from the cache:
+/// `out_h += Σ_i w[h · w_stride + i] · row i`, every element summed in row order by fused
+/// multiply-adds (the same bits; a q8_0 value is decoded as its code times its block's scale,
+/// as [`decode_row_with`] does). The runs go in windows of [`V_WINDOW_BYTES`] of rows (at least
+/// a run), each swept once per block of columns (64 for up to four heads, 32 for more) with the
+/// heads' sums for the block in registers from the window's first row to its last. The first
+/// sweep of a window prefetches the next run's rows whole into L1 and the run
+/// [`PREFETCH_RUNS`] ahead into L2, and the later sweeps read the window from cache. (Summed
+/// one run of 16 rows at a time, each sum loaded and stored per run and pass, TinyLlama's
+/// weighted sum over 2,048 positions took 27 µs of the call's 70, against 18 for its
+/// multiply-adds at one a cycle; this way every call is 8-15 % shorter: BENCHMARKS.md.)
 ///
 /// # Safety
 /// AVX-512 F and F16C (the caller is [`attend_runs_avx512`]); `head_dim` a multiple of 16
-/// (of 32 for q8_0), `v` holds `n` rows of `stride` bytes (the last one at least a row), and
-/// `w` holds `(heads − 1) · w_stride + n` weights.
+/// (of 32 for q8_0); every run's `v` holds its `rows` rows of `stride` bytes (the last one at
+/// least a row), the runs at least `len` rows together; `w` holds `(heads − 1) · w_stride +
+/// len` weights.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_tile_avx512(
+unsafe fn accumulate_runs_avx512(
     ty: KvType,
     out: &mut [f32],
     head_dim: usize,
     w: &[f32],
     w_stride: usize,
-    n: usize,
-    v: &[u8],
-    stride: usize,
+    runs: &[VRun<'_>],
+    len: usize,
 ) {
     let heads = out.len() / head_dim;
     let row_bytes = ty.row_bytes(head_dim).expect("the cache's row geometry");
-    assert!(head_dim.is_multiple_of(16) && n > 0);
+    assert!(head_dim.is_multiple_of(16) && len > 0);
     assert!((1..=AVX512_V_HEADS_PER_PASS).contains(&heads) && out.len() == heads * head_dim);
-    assert!(w.len() >= (heads - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
+    assert!(w.len() >= (heads - 1) * w_stride + len);
+    assert!(runs.iter().map(|r| r.rows).sum::<usize>() >= len);
+    assert!(
+        runs.iter()
+            .all(|r| r.rows == 0 || r.v.len() >= (r.rows - 1) * r.stride + row_bytes)
+    );
+    let widest = if heads > 4 { 2 } else { 4 };
+    // Windows of runs of at most `V_WINDOW_BYTES` of rows (at least a run each).
+    let mut first = 0;
+    let mut done = 0;
+    while first < runs.len() && done < len {
+        let mut end = first + 1;
+        let mut bytes = runs[first].rows * runs[first].stride;
+        while end < runs.len() && bytes + runs[end].rows * runs[end].stride <= V_WINDOW_BYTES {
+            bytes += runs[end].rows * runs[end].stride;
+            end += 1;
+        }
+        let rows = runs[first..end]
+            .iter()
+            .map(|r| r.rows)
+            .sum::<usize>()
+            .min(len - done);
+        // SAFETY: as this function's, for the window's rows `done..done + rows` of the
+        // `len` (the weights from `done` on).
+        unsafe {
+            accumulate_window(
+                ty,
+                out,
+                head_dim,
+                &w[done..],
+                w_stride,
+                (runs, first..end),
+                rows,
+                widest,
+            )
+        };
+        done += rows;
+        first = end;
+    }
+}
+
+/// All the runs, and the range of them a window holds.
+#[cfg(target_arch = "x86_64")]
+type Window<'r, 'a> = (&'r [VRun<'a>], std::ops::Range<usize>);
+
+/// Bytes of V rows [`accumulate_runs_avx512`] sweeps once per block of columns: half of L1, so
+/// that the window stays there beside the scores (16, 32 and 128 KiB measured within 3 %).
+#[cfg(target_arch = "x86_64")]
+const V_WINDOW_BYTES: usize = 16 << 10;
+
+/// [`accumulate_runs_avx512`] over the first `len` rows of the window `runs.0[runs.1]`,
+/// `widest` registers of columns a sweep.
+///
+/// # Safety
+/// As [`accumulate_runs_avx512`], for the window's runs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_window(
+    ty: KvType,
+    out: &mut [f32],
+    head_dim: usize,
+    w: &[f32],
+    w_stride: usize,
+    runs: Window<'_, '_>,
+    len: usize,
+    widest: usize,
+) {
+    let heads = out.len() / head_dim;
     let mut c = 0;
     while c < head_dim {
-        let regs = ((head_dim - c) / 16).min(4);
+        let regs = ((head_dim - c) / 16).min(widest);
         macro_rules! go {
             ($h:literal, $c:literal) => {
                 // SAFETY: AVX-512 F and F16C (contract); columns `c..c + 16·regs ≤ head_dim`
-                // of each head's output and of the `n` rows lie inside `out` and `v`, and the
-                // weights inside `w` (asserted above).
+                // of each head's output and of the runs' first `len` rows lie inside `out`
+                // and the runs, and the weights inside `w` (asserted above).
                 unsafe {
                     match ty {
                         KvType::F32 => accumulate_block::<$h, $c, V_F32>(
-                            out, head_dim, c, w, w_stride, n, v, stride,
+                            out,
+                            head_dim,
+                            c,
+                            w,
+                            w_stride,
+                            (runs.0, runs.1.clone()),
+                            len,
                         ),
                         KvType::F16 => accumulate_block::<$h, $c, V_F16>(
-                            out, head_dim, c, w, w_stride, n, v, stride,
+                            out,
+                            head_dim,
+                            c,
+                            w,
+                            w_stride,
+                            (runs.0, runs.1.clone()),
+                            len,
                         ),
                         KvType::Q8_0 => accumulate_block::<$h, $c, V_Q8_0>(
-                            out, head_dim, c, w, w_stride, n, v, stride,
+                            out,
+                            head_dim,
+                            c,
+                            w,
+                            w_stride,
+                            (runs.0, runs.1.clone()),
+                            len,
                         ),
                     }
                 }
@@ -1028,11 +1132,23 @@ unsafe fn accumulate_tile_avx512(
                 }
             };
         }
+        macro_rules! by_regs_narrow {
+            ($h:literal) => {
+                match regs {
+                    1 => go!($h, 1),
+                    _ => go!($h, 2),
+                }
+            };
+        }
         match heads {
             1 => by_regs!(1),
             2 => by_regs!(2),
             3 => by_regs!(3),
-            _ => by_regs!(4),
+            4 => by_regs!(4),
+            5 => by_regs_narrow!(5),
+            6 => by_regs_narrow!(6),
+            7 => by_regs_narrow!(7),
+            _ => by_regs_narrow!(8),
         }
         c += 16 * regs;
     }
@@ -1046,11 +1162,11 @@ const V_F16: u8 = 1;
 #[cfg(target_arch = "x86_64")]
 const V_Q8_0: u8 = 2;
 
-/// Columns `c..c + 16·C` of [`accumulate_tile_avx512`] for `H` heads, V of element type `V`
+/// Columns `c..c + 16·C` of [`accumulate_runs_avx512`] for `H` heads, V of element type `V`
 /// ([`V_F32`], [`V_F16`], [`V_Q8_0`]).
 ///
 /// # Safety
-/// As [`accumulate_tile_avx512`], with `c + 16·C ≤ head_dim` and `H` heads in `out`.
+/// As [`accumulate_runs_avx512`], with `c + 16·C ≤ head_dim` and `H` heads in `out`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -1060,9 +1176,8 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const V: u8>(
     c: usize,
     w: &[f32],
     w_stride: usize,
-    n: usize,
-    v: &[u8],
-    stride: usize,
+    (runs, window): Window<'_, '_>,
+    len: usize,
 ) {
     use std::arch::x86_64::*;
     let ty = match V {
@@ -1073,10 +1188,20 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const V: u8>(
     let row_bytes = ty.row_bytes(head_dim).expect("the cache's row geometry");
     assert!(c + 16 * C <= head_dim && out.len() >= H * head_dim);
     assert!(V != V_Q8_0 || (head_dim.is_multiple_of(32) && c.is_multiple_of(16)));
-    assert!(w.len() >= (H - 1) * w_stride + n && v.len() >= (n - 1) * stride + row_bytes);
+    assert!(w.len() >= (H - 1) * w_stride + len);
+    // The first sweep over a window prefetches run `r`'s rows into `near` (the window's next
+    // runs, and the next window's first ones).
+    let prefetch_run = |r: usize, near: Near| {
+        if let Some(run) = runs.get(r).filter(|_| c == 0) {
+            for i in 0..run.rows {
+                let at = i * run.stride;
+                prefetch(&run.v[at..at + row_bytes], near);
+            }
+        }
+    };
     // SAFETY: AVX-512 F and F16C (contract); loads and stores touch columns `c..c + 16·C` of
-    // the `H` heads' outputs and of rows `i < n` of `v`, and weights `h · w_stride + i`, all
-    // inside the slices (asserted above).
+    // the `H` heads' outputs and of each run's rows `i < rows` (inside its `v`: the caller),
+    // and weights `h · w_stride + j` for `j < len`, all inside the slices (asserted above).
     unsafe {
         // (Loops, not `array::from_fn`: a closure does not inherit the target features, and
         // its intrinsics would become calls.)
@@ -1086,30 +1211,48 @@ unsafe fn accumulate_block<const H: usize, const C: usize, const V: u8>(
                 *a = _mm512_loadu_ps(out.as_ptr().add(h * head_dim + c + 16 * j));
             }
         }
-        for i in 0..n {
-            let row = v.as_ptr().add(i * stride);
-            let mut x = [_mm512_setzero_ps(); C];
-            for (j, x) in x.iter_mut().enumerate() {
-                let col = c + 16 * j;
-                *x = match V {
-                    V_F32 => _mm512_loadu_ps(row.add(4 * col).cast()),
-                    V_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * col).cast())),
-                    _ => {
-                        // Code times its block's scale: the value `decode_row_with` gives.
-                        let block = row.add(col / 32 * kv_q8::BLOCK_BYTES);
-                        let d = f16_to_f32(u16::from_le_bytes([*block, *block.add(1)]));
-                        let codes = _mm_loadu_si128(block.add(2 + col % 32).cast());
-                        let codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-                        _mm512_mul_ps(codes, _mm512_set1_ps(d))
-                    }
-                };
+        if window.start == 0 {
+            prefetch_run(0, Near::L1);
+            for r in 1..PREFETCH_RUNS {
+                prefetch_run(r, Near::L2);
             }
-            for (h, a) in acc.iter_mut().enumerate() {
-                let wv = _mm512_set1_ps(*w.get_unchecked(h * w_stride + i));
-                for (a, &x) in a.iter_mut().zip(&x) {
-                    *a = _mm512_fmadd_ps(wv, x, *a);
+        }
+        let mut j0 = 0;
+        for (r, run) in runs[window.clone()].iter().enumerate() {
+            let r = window.start + r;
+            if j0 >= len {
+                break;
+            }
+            prefetch_run(r + 1, Near::L1);
+            prefetch_run(r + PREFETCH_RUNS, Near::L2);
+            let n = run.rows.min(len - j0);
+            let wp = w.as_ptr().add(j0);
+            for i in 0..n {
+                let row = run.v.as_ptr().add(i * run.stride);
+                let mut x = [_mm512_setzero_ps(); C];
+                for (j, x) in x.iter_mut().enumerate() {
+                    let col = c + 16 * j;
+                    *x = match V {
+                        V_F32 => _mm512_loadu_ps(row.add(4 * col).cast()),
+                        V_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * col).cast())),
+                        _ => {
+                            // Code times its block's scale: the value `decode_row_with` gives.
+                            let block = row.add(col / 32 * kv_q8::BLOCK_BYTES);
+                            let d = f16_to_f32(u16::from_le_bytes([*block, *block.add(1)]));
+                            let codes = _mm_loadu_si128(block.add(2 + col % 32).cast());
+                            let codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+                            _mm512_mul_ps(codes, _mm512_set1_ps(d))
+                        }
+                    };
+                }
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*wp.add(h * w_stride + i));
+                    for (a, &x) in a.iter_mut().zip(&x) {
+                        *a = _mm512_fmadd_ps(wv, x, *a);
+                    }
                 }
             }
+            j0 += n;
         }
         for (h, a) in acc.iter().enumerate() {
             for (j, &a) in a.iter().enumerate() {
@@ -1227,6 +1370,33 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
 
     // Weighted sum of V rows, in position order for every head.
     out[..heads * head_dim].fill(0.0);
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && head_dim.is_multiple_of(16) {
+        // Straight from the cache, a query's heads up to eight at a time (they share their
+        // positions), their sums in registers over all the runs.
+        let v_runs: Vec<VRun<'_>> = (0..runs)
+            .map(|r| {
+                let RowRun {
+                    v, rows, stride, ..
+                } = run(r);
+                VRun { v, rows, stride }
+            })
+            .collect();
+        let mut h = 0;
+        while h < heads {
+            let query_end = (h / per_query + 1) * per_query;
+            let pass = (query_end - h).min(AVX512_V_HEADS_PER_PASS);
+            let oh = &mut out[h * head_dim..(h + pass) * head_dim];
+            let w = &scores[h * n_ctx..];
+            // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, after runtime
+            // detection of AVX-512 F and F16C; `head_dim` is a multiple of 16 (of 32 for
+            // q8_0); the runs cover `n_ctx ≥ row_len(h)` rows, and `scores` holds each head's
+            // `n_ctx` weights.
+            unsafe { accumulate_runs_avx512(ty, oh, head_dim, w, n_ctx, &v_runs, row_len(h)) };
+            h += pass;
+        }
+        return;
+    }
     let mut j0 = 0;
     for r in 0..runs {
         let RowRun {
@@ -1236,32 +1406,6 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         let mut i0 = 0;
         while i0 < rows {
             let n = (rows - i0).min(CHUNK_ROWS);
-            #[cfg(target_arch = "x86_64")]
-            if AVX512 && head_dim.is_multiple_of(16) {
-                // Straight from the cache, a query's heads four at a time (they share their
-                // positions).
-                let mut h = 0;
-                while h < heads {
-                    let query_end = (h / per_query + 1) * per_query;
-                    let pass = (query_end - h).min(AVX512_V_HEADS_PER_PASS);
-                    // Rows past the heads' own positions are not theirs to accumulate.
-                    let n = n.min(row_len(h).saturating_sub(j0));
-                    if n > 0 {
-                        let oh = &mut out[h * head_dim..(h + pass) * head_dim];
-                        let w = &scores[h * n_ctx + j0..];
-                        let v = &v[i0 * stride..];
-                        // SAFETY: `AVX512` is true only inside `attend_runs_avx512`, after
-                        // runtime detection of AVX-512 F and F16C; `head_dim` is a multiple
-                        // of 16 (of 32 for q8_0); the run holds rows `i0..i0 + n` and
-                        // `scores` each head's `n_ctx` weights.
-                        unsafe { accumulate_tile_avx512(ty, oh, head_dim, w, n_ctx, n, v, stride) };
-                    }
-                    h += pass;
-                }
-                i0 += n;
-                j0 += n;
-                continue;
-            }
             let buf = &mut rows_buf[..n * head_dim];
             for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
                 let at = (i0 + i) * stride;
@@ -1563,7 +1707,8 @@ mod tests {
 
     #[test]
     fn every_instruction_set_build_computes_the_same_bits() {
-        let n: usize = 77;
+        // More rows than one window of the AVX-512 weighted sum holds at every width.
+        let n: usize = 301;
         // 20: rows that are not a multiple of the 8 values F16C converts at once; 40: scores
         // 16 positions at a time (AVX-512) but V rows not a multiple of 16 values; 256: the
         // widest heads.
@@ -1621,9 +1766,9 @@ mod tests {
             let mut scores = vec![0.0; 8 * n_ctx];
             let (mut a, mut b) = (vec![0.0; 8 * head_dim], vec![0.0; 8 * head_dim]);
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            // One query of five, seven (Qwen2.5-0.5B's group) or eight (TinyLlama's) heads,
-            // then five causal queries of one head each.
-            for (heads, queries) in [(5, 1), (7, 1), (8, 1), (5, 5)] {
+            // One query of four (Gemma 3's group), five, seven (Qwen2.5-0.5B's) or eight
+            // (TinyLlama's) heads, then two causal queries of three heads and five of one.
+            for (heads, queries) in [(4, 1), (5, 1), (7, 1), (8, 1), (6, 2), (5, 5)] {
                 let q = &q[..heads * head_dim];
                 let (a, b) = (&mut a[..heads * head_dim], &mut b[..heads * head_dim]);
                 // The same arguments for every build.
