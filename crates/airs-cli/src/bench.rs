@@ -23,7 +23,7 @@ use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Req
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
-use crate::bench_alternate::Alternation;
+use crate::bench_alternate::{Alternation, chunk_counts};
 use crate::model_file::{LoaderArgs, default_threads, load};
 
 #[derive(clap::Args, Debug)]
@@ -202,20 +202,16 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         !args.placement || args.probe_mib > 0,
         "--placement probes --probe-mib MiB: give a positive size"
     );
-    let alternation = match args.alternate_chunks.as_deref() {
-        None => None,
-        Some(&[a, b]) if a >= 1 && b >= 1 => {
-            let m = Arc::clone(&model);
-            let apply = move |chunks| m.runtime.pool.chunks_per_thread().set_one_token(chunks);
-            apply(a);
-            Some(Arc::new(Mutex::new(Alternation::new(
-                "one token's product: row chunks a thread",
-                [a, b],
-                Box::new(apply),
-            ))))
-        }
-        Some(_) => anyhow::bail!("--alternate-chunks takes two counts of at least 1: A,B"),
-    };
+    let alternation = chunk_counts(args.alternate_chunks.as_deref())?.map(|[a, b]| {
+        let m = Arc::clone(&model);
+        let apply = move |chunks| m.runtime.pool.chunks_per_thread().set_one_token(chunks);
+        apply(a);
+        Arc::new(Mutex::new(Alternation::new(
+            "one token's product: row chunks a thread",
+            [a, b],
+            Box::new(apply),
+        )))
+    });
     let prompt = prompt_tokens(&model, args.prompt_tokens);
     let probe = |runtime: &airs_engine::Runtime| {
         (args.probe_mib > 0).then(|| {
@@ -344,7 +340,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(alt) = &alternation {
-            alt.lock().unwrap().print();
+            alt.lock().unwrap().print("decode steps");
         }
     }
     Ok(())

@@ -1,6 +1,8 @@
-//! `airs bench decode --alternate-chunks A,B`: two settings of the engine measured within one
-//! run, switched before every decode step in the order A B B A A B B A …, their step times
-//! summed per window of [`WINDOW_STEPS`] steps.
+//! `airs bench decode|batch --alternate-chunks A,B`: two settings of the engine measured within
+//! one run, switched before every step in the order A B B A A B B A …, their step times summed
+//! per window of [`WINDOW_STEPS`] steps. `bench decode` switches the chunks of one token's
+//! products and times the steps between its tokens; `bench batch` switches those of several
+//! tokens' products and times the steps that decode two sequences or more and prefill nothing.
 //!
 //! Why: a virtual machine's host moves its vCPUs between one path to memory and two, and two
 //! runs one after the other differ by up to 30 % whatever they contain (BENCHMARKS.md), so a
@@ -74,22 +76,36 @@ impl Alternation {
         }
     }
 
-    /// A token was drawn: the step that drew it (if one was timed) ends, and the next begins
-    /// under the setting the order gives it. The first token of a request ends its prefill.
-    pub fn on_token(&mut self) {
+    /// A step is about to run: it gets the setting the order gives the next counted step.
+    pub fn begin_step(&mut self) {
+        // A B B A: the Gray code's lowest bit.
+        let setting = (self.step ^ (self.step >> 1)) & 1;
+        (self.apply)(self.values[setting]);
+        self.running = Some((setting, Instant::now()));
+    }
+
+    /// The step begun last ended; `counted`: it is one of the steps compared (else it is not
+    /// timed, and the next step takes its place in the order).
+    pub fn end_step(&mut self, counted: bool) {
         let now = Instant::now();
-        if let Some((setting, began)) = self.running.take() {
+        if let Some((setting, began)) = self.running.take()
+            && counted
+        {
             self.current.steps[setting] += 1;
             self.current.time[setting] += now - began;
+            self.step += 1;
             if self.current.steps.iter().sum::<usize>() == WINDOW_STEPS {
                 self.windows.push(std::mem::take(&mut self.current));
             }
         }
-        // A B B A: the Gray code's lowest bit.
-        let setting = (self.step ^ (self.step >> 1)) & 1;
-        (self.apply)(self.values[setting]);
-        self.step += 1;
-        self.running = Some((setting, Instant::now()));
+    }
+
+    /// A token of a lone sequence was drawn: the decode step that drew it (if one was begun)
+    /// ends, and the next begins. The request's first token ends its prefill, which is not
+    /// timed.
+    pub fn on_token(&mut self) {
+        self.end_step(true);
+        self.begin_step();
     }
 
     /// The request ended: its last steps make a window if both settings ran enough of them,
@@ -126,11 +142,12 @@ impl Alternation {
         })
     }
 
-    pub fn print(&self) {
+    /// The report, under the heading `what` (the steps compared).
+    pub fn print(&self, what: &str) {
         let [a, b] = self.values;
         println!(
-            "  alternation: {} {a} (A) and {b} (B), switched before every decode step (A B B A), \
-             windows of {WINDOW_STEPS} steps; the decode figures above mix both",
+            "  alternation, {what}: {} {a} (A) and {b} (B), switched before every step (A B B \
+             A), windows of {WINDOW_STEPS} steps; the figures above mix both",
             self.setting
         );
         println!("    window  steps A+B  A ms/step  B ms/step     B/A");
@@ -161,6 +178,15 @@ impl Alternation {
     }
 }
 
+/// The two counts of `--alternate-chunks`, checked.
+pub fn chunk_counts(values: Option<&[usize]>) -> anyhow::Result<Option<[usize; 2]>> {
+    match values {
+        None => Ok(None),
+        Some(&[a, b]) if a >= 1 && b >= 1 => Ok(Some([a, b])),
+        Some(_) => anyhow::bail!("--alternate-chunks takes two counts of at least 1: A,B"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -187,6 +213,19 @@ mod tests {
         for w in &alt.windows {
             assert_eq!(w.steps, [WINDOW_STEPS / 2; 2]);
         }
+    }
+
+    #[test]
+    fn steps_not_compared_are_not_timed_and_keep_the_order() {
+        let (seen, apply) = recorded();
+        let mut alt = Alternation::new("chunks", [2, 8], apply);
+        // A prefill step between A and B: not counted, and B still follows A.
+        for counted in [true, false, true, true, true] {
+            alt.begin_step();
+            alt.end_step(counted);
+        }
+        assert_eq!(*seen.lock().unwrap(), [2, 8, 8, 8, 2]);
+        assert_eq!(alt.current.steps, [2, 2]);
     }
 
     #[test]

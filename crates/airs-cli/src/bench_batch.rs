@@ -35,6 +35,7 @@ use airs_runtime::{
 use serde_json::json;
 
 use crate::bench::{median, prompt_tokens};
+use crate::bench_alternate::{Alternation, chunk_counts};
 use crate::model_file::{LoaderArgs, default_threads};
 
 #[derive(clap::Args, Debug)]
@@ -91,6 +92,12 @@ pub struct BenchBatchArgs {
     /// follow the multipliers). About a quarter of a second a probe.
     #[arg(long)]
     pub placement: bool,
+    /// Deal several tokens' matrix products in A or B row chunks a thread, switched before
+    /// every step (A B B A …), and report, per concurrency, the mean time of the steps that
+    /// decode two sequences or more and prefill nothing, per setting and window of 256 steps
+    /// (`A,B`, e.g. `2,8`).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
+    pub alternate_chunks: Option<Vec<usize>>,
     #[arg(long)]
     pub json: bool,
 }
@@ -147,6 +154,7 @@ fn measure(
     model: &Arc<LoadedModel>,
     args: &BenchBatchArgs,
     prompts: &[Vec<u32>],
+    mut alternation: Option<&mut Alternation>,
 ) -> anyhow::Result<Run> {
     let n = prompts.len();
     let per_seq = args.prompt_tokens + args.gen_tokens + 16;
@@ -198,7 +206,18 @@ fn measure(
             }),
         )?;
     }
-    scheduler.run_to_completion();
+    while scheduler.has_work() {
+        if let Some(alt) = alternation.as_deref_mut() {
+            alt.begin_step();
+        }
+        let step = scheduler.step();
+        if let Some(alt) = alternation.as_deref_mut() {
+            alt.end_step(step.decode_rows >= 2 && step.prefill_rows == 0 && step.draft_rows == 0);
+        }
+    }
+    if let Some(alt) = alternation {
+        alt.end_request();
+    }
     let lines: Vec<Timeline> = timelines
         .iter()
         .map(|t| t.lock().unwrap().clone())
@@ -369,7 +388,9 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     } else {
         prompts
             .iter()
-            .map(|p| measure(&model, &args, std::slice::from_ref(p)).map(|r| r.tokens[0].clone()))
+            .map(|p| {
+                measure(&model, &args, std::slice::from_ref(p), None).map(|r| r.tokens[0].clone())
+            })
             .collect::<anyhow::Result<_>>()?
     };
 
@@ -391,12 +412,40 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         let runtime = &model.runtime;
         probe_read_path(&runtime.pool, runtime.isa, 256 << 20, 3)
     };
+    let counts = chunk_counts(args.alternate_chunks.as_deref())?;
+    let mut alternations: Vec<Option<Alternation>> = args
+        .sessions
+        .iter()
+        .map(|_| {
+            counts.map(|values| {
+                let m = Arc::clone(&model);
+                let apply = move |chunks| {
+                    m.runtime
+                        .pool
+                        .chunks_per_thread()
+                        .set_several_tokens(chunks)
+                };
+                apply(values[0]);
+                Alternation::new(
+                    "several tokens' product: row chunks a thread",
+                    values,
+                    Box::new(apply),
+                )
+            })
+        })
+        .collect();
     let mut runs_of: Vec<Vec<Run>> = vec![Vec::new(); args.sessions.len()];
     let mut paths_of: Vec<Vec<Sharing>> = vec![Vec::new(); args.sessions.len()];
     for _ in 0..args.reps.max(1) {
-        for ((&n, runs), paths) in args.sessions.iter().zip(&mut runs_of).zip(&mut paths_of) {
+        for (((&n, runs), paths), alt) in args
+            .sessions
+            .iter()
+            .zip(&mut runs_of)
+            .zip(&mut paths_of)
+            .zip(&mut alternations)
+        {
             let before = args.placement.then(read_path);
-            runs.push(measure(&model, &args, &prompts[..n])?);
+            runs.push(measure(&model, &args, &prompts[..n], alt.as_mut())?);
             if let Some(before) = before {
                 paths.push(Sharing::bracketing(before, read_path()));
             }
@@ -404,7 +453,13 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     }
     // Per placement, the one-session median the others are divided by.
     let mut one_session_in: Vec<(Sharing, f64)> = Vec::new();
-    for ((&n, runs), paths) in args.sessions.iter().zip(&runs_of).zip(&paths_of) {
+    for (((&n, runs), paths), alt) in args
+        .sessions
+        .iter()
+        .zip(&runs_of)
+        .zip(&paths_of)
+        .zip(&alternations)
+    {
         let identical = !args.no_compare
             && runs
                 .iter()
@@ -485,6 +540,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
             "aggregate_all": runs.iter().map(|r| r.concurrent).collect::<Vec<_>>(),
             "aggregate_span_all": runs.iter().map(|r| r.aggregate).collect::<Vec<_>>(),
             "placement": placement,
+            "alternation": alt.as_ref().map(Alternation::json),
         }));
     }
     let peak_after = dot_peak();
@@ -622,6 +678,13 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
                     m / 1e9,
                     100.0 * m / best
                 );
+            }
+        }
+    }
+    if !args.json {
+        for (&n, alt) in args.sessions.iter().zip(&alternations) {
+            if let Some(alt) = alt {
+                alt.print(&format!("{n} sessions' steps"));
             }
         }
     }

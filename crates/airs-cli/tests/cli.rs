@@ -802,3 +802,51 @@ fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
 }
+
+#[test]
+fn bench_batch_alternates_chunk_counts_over_the_steps_that_decode_every_session() {
+    let v = json_of(&[
+        "bench",
+        "batch",
+        "--sessions",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "300",
+        "--probe-background",
+        "0",
+        "--probe-dot-ms",
+        "0",
+        "--no-compare",
+        "--alternate-chunks",
+        "8,2",
+        "--json",
+    ]);
+    let alt = &v["runs"][0]["alternation"];
+    assert_eq!(
+        (alt["a"].as_u64(), alt["b"].as_u64()),
+        (Some(8), Some(2)),
+        "{v}"
+    );
+    let windows = alt["windows"].as_array().unwrap();
+    let steps: Vec<u64> = windows
+        .iter()
+        .flat_map(|w| {
+            w["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_u64().unwrap())
+        })
+        .collect();
+    // The step that prefills both prompts is not compared; the 299 that decode both are.
+    assert_eq!(steps.iter().sum::<u64>(), 299, "{v}");
+    assert_eq!(&steps[..2], [128, 128], "{v}");
+    assert!(
+        windows
+            .iter()
+            .all(|w| w["b_over_a"].as_f64().is_some_and(|r| r > 0.0)),
+        "{v}"
+    );
+}
