@@ -330,12 +330,20 @@ fn a_slow_session_commit_is_left_out_of_what_a_row_costs() {
         eprintln!("commit delay {commit_delay:?}: {cost:?}, {:?}", s.stats());
         cost
     };
-    let quick = fit(std::time::Duration::ZERO);
-    let slow = fit(std::time::Duration::from_millis(100));
-    for rows in [1, 4] {
-        assert!(
-            slow.seconds(rows) < 2.0 * quick.seconds(rows) + 0.002,
-            "{rows} rows: {slow:?} against {quick:?}"
-        );
+    // Step times are noisy when other tests share the cores (cargo runs a file's tests in
+    // parallel): the two fits are taken again, up to three times, until they agree. A commit
+    // counted as row time adds 100 ms to a dozen steps of 1-5 rows, every attempt.
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let quick = fit(std::time::Duration::ZERO);
+        let slow = fit(std::time::Duration::from_millis(100));
+        let agree = [1, 4]
+            .iter()
+            .all(|&rows| slow.seconds(rows) < 2.0 * quick.seconds(rows) + 0.002);
+        if agree {
+            return;
+        }
+        attempts.push((quick, slow));
     }
+    panic!("the slow commits' fit never came near the quick one's: {attempts:?}");
 }
