@@ -741,6 +741,16 @@ fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() 
     assert!(String::from_utf8_lossy(&out.stderr).contains("--probe-mib"));
 }
 
+/// Steps of each setting (A, B) in one window of an `alternation` report.
+fn window_steps(window: &Value) -> Vec<u64> {
+    window["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect()
+}
+
 #[test]
 fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
     // 300 tokens: a window of 256 decode steps and one of the request's last 43.
@@ -769,17 +779,13 @@ fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
     );
     let windows = alt["windows"].as_array().unwrap();
     assert_eq!(windows.len(), 2, "{v}");
-    let steps = |w: &Value| -> Vec<u64> {
-        w["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s.as_u64().unwrap())
-            .collect()
-    };
-    assert_eq!(steps(&windows[0]), [128, 128], "{v}");
+    assert_eq!(window_steps(&windows[0]), [128, 128], "{v}");
     // 299 decode steps in all (the first token ends the prefill).
-    assert_eq!(steps(&windows[1]).iter().sum::<u64>(), 299 - 256, "{v}");
+    assert_eq!(
+        window_steps(&windows[1]).iter().sum::<u64>(),
+        299 - 256,
+        "{v}"
+    );
     for w in windows {
         let (a, b) = (
             w["a_ms_per_step"].as_f64().unwrap(),
@@ -830,16 +836,7 @@ fn bench_batch_alternates_chunk_counts_over_the_steps_that_decode_every_session(
         "{v}"
     );
     let windows = alt["windows"].as_array().unwrap();
-    let steps: Vec<u64> = windows
-        .iter()
-        .flat_map(|w| {
-            w["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s.as_u64().unwrap())
-        })
-        .collect();
+    let steps: Vec<u64> = windows.iter().flat_map(window_steps).collect();
     // The step that prefills both prompts is not compared; the 299 that decode both are.
     assert_eq!(steps.iter().sum::<u64>(), 299, "{v}");
     assert_eq!(&steps[..2], [128, 128], "{v}");
