@@ -5,8 +5,9 @@
 //! two: [`crate::cores`]); a figure is only comparable with one measured in the same run by the
 //! same threads.
 //!
-//! What: a buffer far larger than the last-level cache, split into one contiguous part per
-//! thread and first touched by that thread (so its pages sit where that thread reads them);
+//! What: a buffer far larger than the last-level cache, on huge pages where the host gives them
+//! (as the weight regions are), split into one contiguous part per thread and first touched by
+//! that thread (so its pages sit where that thread reads them);
 //! then `passes` timed passes, each one pool job in which every thread streams its part with
 //! [`airs_kernels::xor_fold`] (full-width loads, no stores). Reported: the median and the best
 //! pass. Cost: `buffer_bytes` of anonymous memory for the probe's duration (a bench-only
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use airs_kernels::Isa;
+use airs_memory::HugePageBuffer;
 
 use crate::par::DisjointOut;
 use crate::pool::ThreadPool;
@@ -45,21 +47,22 @@ pub fn probe_read_bandwidth(
     let threads = pool.threads();
     let part_bytes = (buffer_bytes / threads).max(4096) / 64 * 64;
     let total = part_bytes * threads;
-    let mut buffer = Vec::<u8>::with_capacity(total);
+    // On huge pages where the host gives them, as the weights are: on base pages one thread
+    // read a third less here (module docs of `airs_memory::HugePageBuffer`).
+    let mut buffer = HugePageBuffer::new(total)
+        .unwrap_or_else(|e| panic!("the read probe's {total}-byte buffer: {e}"));
     {
         // First touch by the thread that will read each part.
-        let spare = buffer.spare_capacity_mut();
-        let writer = DisjointOut::new(spare);
+        let writer = DisjointOut::new(buffer.as_mut_slice());
         pool.run(&|t| {
             // SAFETY: thread t writes only its own part [t·part, (t+1)·part).
             let part = unsafe { writer.slice(t * part_bytes..(t + 1) * part_bytes) };
             for (i, b) in part.iter_mut().enumerate() {
-                b.write((i as u8) ^ (t as u8));
+                *b = (i as u8) ^ (t as u8);
             }
         });
     }
-    // SAFETY: every byte of 0..total was initialized by the job above (the parts cover it).
-    unsafe { buffer.set_len(total) };
+    let buffer = buffer.as_slice();
     let sink = AtomicU64::new(0);
     let rates = timed_passes(pool, passes, total as f64, &|t| {
         let part = &buffer[t * part_bytes..(t + 1) * part_bytes];

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use airs_kernels::{
     GgmlType, Isa, act_type, dot, matmul, quantize_act, quantize_row, row_bytes, rows16, xor_fold,
 };
+use airs_memory::HugePageBuffer;
 
 /// (type, rows, n): TinyLlama ffn_up of a Q5_K_M file, Qwen2.5-0.5B ffn_up (Q5_0/Q8_0) and
 /// ffn_down (Q4_K/Q6_K), TinyLlama ffn_up and ffn_down (Q4_K_M and Q8_0 files).
@@ -49,13 +50,13 @@ fn ring_bytes() -> usize {
 }
 const CHUNK: usize = 64;
 
-/// `bytes` of anonymous memory asked for transparent huge pages before it is touched, as the
-/// loaders' weight regions are (with base pages every 4 KiB of the stream is a TLB miss).
-fn huge_page_backed(bytes: usize) -> memmap2::MmapMut {
-    let map = memmap2::MmapMut::map_anon(bytes).expect("anonymous mapping");
-    // Without huge pages (THP off) the bench still runs, on base pages.
-    let _ = map.advise(memmap2::Advice::HugePage);
-    map
+/// `bytes` of anonymous memory aligned to the huge-page size and asked for huge pages before it
+/// is touched, as the loaders' weight regions are. A plain anonymous mapping of a matrix's size
+/// starts anywhere: about half of a 256 MiB ring of 4 MiB matrices sat on base pages, where one
+/// thread streamed 21-26 GB/s against 28-31 on huge pages (BENCHMARKS.md, "The read probe on huge
+/// pages"). Without THP the bench still runs, on base pages.
+fn huge_page_backed(bytes: usize) -> HugePageBuffer {
+    HugePageBuffer::new(bytes).expect("anonymous mapping")
 }
 
 /// Activation rows per product (`AIRS_BENCH_TOKENS`, default 1: decode of one sequence; up to
@@ -118,22 +119,26 @@ fn main() {
             })
             .collect();
         let copies = ring_bytes().div_ceil(matrix);
-        let ring: Vec<memmap2::MmapMut> = (0..copies)
+        let ring: Vec<HugePageBuffer> = (0..copies)
             .map(|c| {
                 let mut m = huge_page_backed(matrix);
-                for (r, row) in m.chunks_exact_mut(wrb).enumerate() {
+                for (r, row) in m.as_mut_slice().chunks_exact_mut(wrb).enumerate() {
                     row.copy_from_slice(&distinct[(r + c) % 16]);
                 }
                 m
             })
             .collect();
         // The same matrices in the rows16 layout the loader repacks into, where `ty` has one.
-        let packed_ring: Vec<memmap2::MmapMut> = if rows16::has_layout(ty) {
+        let packed_ring: Vec<HugePageBuffer> = if rows16::has_layout(ty) {
             let group = rows16::GROUP_ROWS * wrb;
             ring.iter()
                 .map(|m| {
                     let mut p = huge_page_backed(matrix);
-                    for (src, dst) in m.chunks_exact(group).zip(p.chunks_exact_mut(group)) {
+                    for (src, dst) in m
+                        .as_slice()
+                        .chunks_exact(group)
+                        .zip(p.as_mut_slice().chunks_exact_mut(group))
+                    {
                         rows16::repack_group(ty, n, src, dst).unwrap();
                     }
                     p
@@ -181,7 +186,7 @@ fn main() {
                                                 ty,
                                                 geometry,
                                                 (me, threads, interleaved),
-                                                m,
+                                                m.as_slice(),
                                                 a,
                                                 &mut out,
                                                 mode,

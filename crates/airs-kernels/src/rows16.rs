@@ -1466,7 +1466,10 @@ mod x86 {
     /// 295 → 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
     /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels prefetch a
     /// superblock in parts, one per part of it they work on, not all 37-53 lines at once: Q6_K 4
-    /// tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864).
+    /// tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864). Those figures ran on
+    /// rings partly on base pages; with every matrix on huge pages, 8 KiB into L2 is still the best
+    /// or equal of eight distances and hints at 4 tokens, while Q8_0 at 2 tokens is faster without it
+    /// (BENCHMARKS.md, "The read probe on huge pages").
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         const AHEAD: usize = 8192;

@@ -38,6 +38,7 @@
 pub mod account;
 pub mod budget;
 mod error;
+mod huge_buffer;
 pub mod kv_pool;
 mod layout;
 mod lazy;
@@ -50,6 +51,7 @@ mod transform;
 pub mod uffd;
 
 pub use error::{ErrorKind, MemoryError, Result};
+pub use huge_buffer::HugePageBuffer;
 pub use kv_pool::{
     BlockId, BlockTable, DEFAULT_TOKENS_PER_BLOCK, KvPool, KvPoolConfig, KvPoolCounters,
     KvPoolStats, PinPolicy, PoolExhausted,
