@@ -48,7 +48,7 @@ pub fn probe_read_bandwidth(
     let part_bytes = (buffer_bytes / threads).max(4096) / 64 * 64;
     let total = part_bytes * threads;
     // On huge pages where the host gives them, as the weights are: on base pages one thread
-    // read a third less here (module docs of `airs_memory::HugePageBuffer`).
+    // read 14-35 % less here (module docs of `airs_memory::HugePageBuffer`).
     let mut buffer = HugePageBuffer::new(total)
         .unwrap_or_else(|e| panic!("the read probe's {total}-byte buffer: {e}"));
     {

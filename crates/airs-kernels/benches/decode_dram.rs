@@ -53,7 +53,7 @@ const CHUNK: usize = 64;
 /// `bytes` of anonymous memory aligned to the huge-page size and asked for huge pages before it
 /// is touched, as the loaders' weight regions are. A plain anonymous mapping of a matrix's size
 /// starts anywhere: about half of a 256 MiB ring of 4 MiB matrices sat on base pages, where one
-/// thread streamed 21-26 GB/s against 28-31 on huge pages (BENCHMARKS.md, "The read probe on huge
+/// thread streamed 19-26 GB/s against 23-29 on huge pages, case by case (BENCHMARKS.md, "The read probe on huge
 /// pages"). Without THP the bench still runs, on base pages.
 fn huge_page_backed(bytes: usize) -> HugePageBuffer {
     HugePageBuffer::new(bytes).expect("anonymous mapping")

@@ -5,8 +5,8 @@
 //!
 //! Why it exists: a heap buffer sits on base pages whenever THP runs in its `madvise` mode (the
 //! default of most distributions, and the benchmark host's), while the regions' weights sit on
-//! huge pages. On the benchmark host one thread streamed 18-21 GB/s from base pages and 28-29
-//! GB/s from huge pages (BENCHMARKS.md, "The read probe on huge pages"): the hardware
+//! huge pages. On the benchmark host, under one memory link, one thread streamed 19-25 GB/s from
+//! base pages and 29-30 GB/s from huge pages (BENCHMARKS.md, "The read probe on huge pages"): the hardware
 //! prefetchers stop at every 4 KiB page and the TLB misses there. A probe on base pages
 //! understates what the weights can be read at, and with it every "decode ÷ probe" figure and
 //! the alone/together ratio that names the threads' placement.
