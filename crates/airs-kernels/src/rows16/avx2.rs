@@ -13,11 +13,17 @@
 //! quantizers never emit −128). Integer sums are exact in any order; each block's float step
 //! is the reference's, on 8 row lanes per register.
 //!
-//! Tokens: compiled per count 1..=16; with several, per block (superblock) the chunks are
-//! decoded once into a buffer ([`Buffers`]) and every token runs over them from L1, two tokens
-//! per pass over a legacy block's chunks (except Q8_0, whose four registers a chunk then
-//! spilled); one token decodes them on the spot ([`Direct`]: through a 4 KiB buffer, TinyLlama
-//! Q4_K_M decode ran 9 % slower than on the file-layout kernels it replaced; BENCHMARKS.md).
+//! Tokens: compiled per count 1..=16. The legacy types decode each chunk on the spot
+//! ([`Direct`]) for one token or for two at a time, every pair re-reading the block from L1.
+//! Q4_K and Q6_K do so for up to [`Kquant::DIRECT_TOKENS`] tokens (6: [`k4_tokens`],
+//! [`k6_tokens`]), every token per decoded register; Q5_K runs 2 tokens as two of one. With
+//! more tokens the k-quants decode a superblock once into a buffer ([`Buffers`]) that every
+//! pair of tokens reads from L1. Through a 4 KiB buffer, one token of TinyLlama Q4_K_M ran 9 %
+//! slower than on the file-layout kernels it replaced (BENCHMARKS.md). With a few tokens the
+//! buffer's stores and reloads cost more than decoding twice: from cache, one thread,
+//! `decode_dram`, 2 / 4 tokens, µs through the buffer against on the spot: Q8_0 5632×2048
+//! 544 / 918 against 407 / 817; Q4_K 5632×2048 363 / 570 against 284 / 531; Q6_K 2048×5632
+//! 778 / 1,077 against 477 / 743; Q5_K 5632×2048 with 2 tokens 828 against 551 (BENCHMARKS.md).
 //! One token of Q4_K and Q6_K reads its superblock in address order with software prefetch
 //! ([`Kquant::one`]): from DRAM with 2 threads (`decode_dram`) Q4_K went from 28 to 34 GB/s
 //! and Q6_K from 25 to 36-42, against 37-44 for a plain read of the same bytes. One token of
@@ -394,46 +400,22 @@ impl<L: Layout> Source for Direct<L> {
     }
 }
 
-/// Loaded from buffers the block was decoded into once for several tokens
-/// ([`decode_block`]).
+/// Loaded from a buffer a k-quant superblock was decoded into once for several tokens
+/// ([`decode_block_part`]; unsigned codes).
 struct Decoded<'a> {
     buf: &'a [Chunk],
-    signs: &'a [Chunk],
 }
 
 impl Source for Decoded<'_> {
     #[inline(always)]
     unsafe fn get(&self, c: usize) -> (Chunk, Chunk) {
-        // SAFETY: the buffers hold every chunk of the block (the maker's); `signs` only for
-        // signed codes.
-        unsafe {
-            let w = *self.buf.get_unchecked(c);
-            (w, self.signs.get(c).copied().unwrap_or(w))
-        }
+        // SAFETY: the buffer holds every chunk of the superblock (the maker's).
+        let w = unsafe { *self.buf.get_unchecked(c) };
+        (w, w)
     }
 }
 
-/// Decode every chunk of the block at `blk` into `buf` (`L::CHUNKS` chunks; Q8_0: the codes'
-/// magnitudes, their signs kept in `signs`).
-///
-/// # Safety
-/// As [`Layout::chunk`]; `buf` (and for Q8_0 `signs`) has room for `L::CHUNKS` chunks.
-#[inline(always)]
-unsafe fn decode_block<L: Layout>(blk: *const u8, buf: &mut [Chunk], signs: &mut [Chunk]) {
-    for c in 0..L::CHUNKS {
-        // SAFETY: `c` is a chunk of the block (caller).
-        let w = unsafe { L::chunk(blk, c) };
-        if L::SIGNED {
-            signs[c] = w;
-            // SAFETY: AVX2 (caller).
-            buf[c] = unsafe { [_mm256_sign_epi8(w[0], w[0]), _mm256_sign_epi8(w[1], w[1])] };
-        } else {
-            buf[c] = w;
-        }
-    }
-}
-
-/// Eighth `i` of [`decode_block`] for a k-quant (chunks `8i..8i + 8`).
+/// Eighth `i` of a k-quant superblock's chunks (`8i..8i + 8`) decoded into `buf`.
 ///
 /// # Safety
 /// As [`Layout::chunk`]; `buf` has room for `L::CHUNKS` chunks.
@@ -499,12 +481,10 @@ unsafe fn dots<L: Layout, S: Source, const N: usize>(
     }
 }
 
-/// A block decoded once for several tokens: its chunks (Q8_0: their magnitudes) and Q8_0's
-/// signed codes. Empty for one token (zeroing them per call was 4 % of a one-token decode's
-/// profile, in `memset`).
+/// A k-quant superblock decoded once for several tokens: its chunks. Empty where no product
+/// reads it (zeroing it per call was 4 % of a one-token decode's profile, in `memset`).
 struct Buffers {
     chunks: Vec<Chunk>,
-    signs: Vec<Chunk>,
 }
 
 /// A legacy block's float step for one token, as the reference: `f += sumi · (d·dy)` (with a
@@ -547,7 +527,6 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
     group: *const u8,
     nb: usize,
     rows: &TokenRows<'_, T>,
-    buf: &mut Buffers,
 ) -> [[__m256; 2]; T] {
     let mut f = [[_mm256_setzero_ps(); 2]; T];
     let ones = [_mm256_set1_epi16(1); 2];
@@ -568,9 +547,6 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
             } else {
                 [_mm256_setzero_ps(); 2]
             };
-            if T > 1 {
-                decode_block::<L>(blk, &mut buf.chunks, &mut buf.signs);
-            }
             // (A closure here may not call intrinsics: it would not inherit the CPU features.)
             let offset = |t: usize| {
                 if L::OFFSET {
@@ -588,43 +564,30 @@ unsafe fn legacy_group<L: Legacy, const T: usize>(
                     0.0
                 }
             };
-            // The integer dots, then the block's float step per token: one token reads its
-            // chunks on the spot; several read the decoded block two tokens at a time (each
-            // chunk's loads serve both; Q4_0 from cache 865 → 757 µs a 16-token product in
-            // `decode_dram`), but Q8_0, whose magnitudes and signs then spilled, one at a time.
-            if T == 1 {
-                let src = Direct::<L>(blk, PhantomData);
-                let init = [_mm256_set1_epi32(offset(0)); 2];
-                let [acc] = dots::<L, _, 1>(&src, 0..8, [y(0)], &ones, [init]);
-                legacy_step::<L>(&mut f[0], acc, &d, &m, dy(0), ms(0));
-            } else {
-                let src = Decoded {
-                    buf: &buf.chunks,
-                    signs: if L::SIGNED { &buf.signs } else { &[] },
-                };
-                let mut t = 0;
-                while !L::SIGNED && t + 1 < T {
-                    let pair = dots::<L, _, 2>(
-                        &src,
-                        0..8,
-                        [y(t), y(t + 1)],
-                        &ones,
-                        [
-                            [_mm256_set1_epi32(offset(t)); 2],
-                            [_mm256_set1_epi32(offset(t + 1)); 2],
-                        ],
-                    );
-                    for (u, acc) in pair.into_iter().enumerate() {
-                        legacy_step::<L>(&mut f[t + u], acc, &d, &m, dy(t + u), ms(t + u));
-                    }
-                    t += 2;
+            // The integer dots, then the block's float step per token, two tokens at a time
+            // (each chunk decoded once for both), an odd last one alone.
+            let src = Direct::<L>(blk, PhantomData);
+            let mut t = 0;
+            while t + 1 < T {
+                let pair = dots::<L, _, 2>(
+                    &src,
+                    0..8,
+                    [y(t), y(t + 1)],
+                    &ones,
+                    [
+                        [_mm256_set1_epi32(offset(t)); 2],
+                        [_mm256_set1_epi32(offset(t + 1)); 2],
+                    ],
+                );
+                for (u, acc) in pair.into_iter().enumerate() {
+                    legacy_step::<L>(&mut f[t + u], acc, &d, &m, dy(t + u), ms(t + u));
                 }
-                while t < T {
-                    let init = [_mm256_set1_epi32(offset(t)); 2];
-                    let [acc] = dots::<L, _, 1>(&src, 0..8, [y(t)], &ones, [init]);
-                    legacy_step::<L>(&mut f[t], acc, &d, &m, dy(t), ms(t));
-                    t += 1;
-                }
+                t += 2;
+            }
+            if t < T {
+                let init = [_mm256_set1_epi32(offset(t)); 2];
+                let [acc] = dots::<L, _, 1>(&src, 0..8, [y(t)], &ones, [init]);
+                legacy_step::<L>(&mut f[t], acc, &d, &m, dy(t), ms(t));
             }
         }
     }
@@ -701,6 +664,29 @@ trait Kquant: Layout + Sized {
             };
         }
         isum
+    }
+    /// Most tokens [`Kquant::several`] takes; more go through a decoded superblock.
+    const DIRECT_TOKENS: usize = 1;
+    /// `N` tokens' integer dots of the superblock at `blk` ([`Kquant::one`]'s, added to
+    /// `isum`), read from the group stream. By default token after token through `one`.
+    ///
+    /// # Safety
+    /// As [`Kquant::one`] for each `y`.
+    #[inline(always)]
+    unsafe fn several<const N: usize>(
+        blk: *const u8,
+        y: [*const u8; N],
+        terms: &Self::Terms,
+        isum: &mut [[__m256i; 2]; N],
+    ) {
+        for (y, isum) in y.into_iter().zip(isum.iter_mut()) {
+            // SAFETY: the caller's contract is `one`'s for each token.
+            let one = unsafe { Self::one(blk, y, terms) };
+            for h in 0..2 {
+                // SAFETY: AVX2 (caller).
+                isum[h] = unsafe { _mm256_add_epi32(isum[h], one[h]) };
+            }
+        }
     }
     /// # Safety
     /// AVX2 and F16C; `blk` addresses one whole superblock of a group.
@@ -810,9 +796,72 @@ unsafe fn k4_pair<const FIVE: bool>(
     }
 }
 
+/// `N` tokens' integer dots of a Q4_K superblock ([`Kquant::several`]), in
+/// [`k4_one`]'s order: per sub-block pair, the low nibbles of its 8 registers and then the
+/// high ones, each chunk decoded once for every token. Up to 6 tokens (from cache, one thread,
+/// 5632×2048: 2 / 4 / 6 tokens 284 / 531 / 683 µs against 363 / 570 / 767 through the buffer);
+/// with more, the `2N` i16 sums spill (8 tokens 1,017 against 971; 16 tokens 2,580 against
+/// about 1,750).
+///
+/// # Safety
+/// As [`k4_one`] for each `y`.
+#[inline(always)]
+unsafe fn k4_tokens<const N: usize>(
+    blk: *const u8,
+    y: [*const u8; N],
+    terms: &Terms4,
+    isum: &mut [[__m256i; 2]; N],
+) {
+    // SAFETY: AVX2 (caller); pair p's codes are the 8 registers at `256 + 512p` of the
+    // superblock, values `64p + 4k..` (low nibbles) and `64p + 32 + 4k..` (high) of each `y`.
+    unsafe {
+        prefetch_ahead(blk, 256, SEVERAL_AHEAD);
+        for p in 0..4 {
+            let pair = blk.add(256 + 512 * p);
+            prefetch_ahead(pair, 512, SEVERAL_AHEAD);
+            for u in 0..2 {
+                let mut sum = [[_mm256_setzero_si256(); 2]; N];
+                for k in 0..8 {
+                    let v = ld2(pair.add(64 * k));
+                    let code = [nibble(v[0], u == 1), nibble(v[1], u == 1)];
+                    let at = 4 * (16 * p + 8 * u + k);
+                    for (y, sum) in y.iter().zip(sum.iter_mut()) {
+                        let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
+                        for h in 0..2 {
+                            let w = _mm256_maddubs_epi16(code[h], yc);
+                            sum[h] = if k == 0 {
+                                w
+                            } else {
+                                _mm256_add_epi16(sum[h], w)
+                            };
+                        }
+                    }
+                }
+                for (sum, isum) in sum.iter().zip(isum.iter_mut()) {
+                    for h in 0..2 {
+                        let w = _mm256_madd_epi16(sum[h], terms.sc[2 * p + u][h]);
+                        isum[h] = _mm256_add_epi32(isum[h], w);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Kquant for Q4K {
     const SUBS: usize = 8;
     type Terms = Terms4;
+    const DIRECT_TOKENS: usize = 6;
+    #[inline(always)]
+    unsafe fn several<const N: usize>(
+        blk: *const u8,
+        y: [*const u8; N],
+        terms: &Terms4,
+        isum: &mut [[__m256i; 2]; N],
+    ) {
+        // SAFETY: the caller's contract is `k4_tokens`'.
+        unsafe { k4_tokens::<N>(blk, y, terms, isum) }
+    }
     #[inline(always)]
     unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
         // SAFETY: the caller's contract is `k4_one`'s.
@@ -868,6 +917,9 @@ impl Kquant for Q4K {
 impl Kquant for Q5K {
     const SUBS: usize = 8;
     type Terms = Terms4;
+    /// Two tokens as two of one (the default [`Kquant::several`]): from cache, one thread,
+    /// 5632×2048, 551 µs against 828 through the buffer; at 3 tokens the buffer is 3 % faster.
+    const DIRECT_TOKENS: usize = 2;
     #[inline(always)]
     unsafe fn one(blk: *const u8, y: *const u8, terms: &Terms4) -> [__m256i; 2] {
         // SAFETY: the caller's contract is `k4_one`'s.
@@ -881,9 +933,90 @@ impl Kquant for Q5K {
     }
 }
 
+/// `N` tokens' integer dots of a Q6_K superblock ([`Kquant::several`]), records in
+/// [`Q6K::one`]'s address order, but per quarter `f` of a record pair: each code register
+/// decoded once for every token (the pair's records revisited from L1 per quarter, so that
+/// the i16 sums are `2N` registers rather than one's 8 a token). Up to 6 tokens (from cache,
+/// one thread, 2048×5632: 2 / 4 / 6 tokens 477 / 743 / 1,034 µs against 778 / 1,077 / 1,334
+/// through the buffer; 8 tokens 1,745 against 1,600-1,650).
+///
+/// # Safety
+/// As [`Q6K::one`] for each `y`.
+#[inline(always)]
+unsafe fn k6_tokens<const N: usize>(
+    blk: *const u8,
+    y: [*const u8; N],
+    terms: &Terms6,
+    isum: &mut [[__m256i; 2]; N],
+) {
+    // SAFETY: AVX2 (caller); as `Q6K::one`.
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let top = _mm256_set1_epi8(0x30);
+        prefetch_ahead(blk, q6k::ql(0, 0), SEVERAL_AHEAD);
+        for h in 0..2 {
+            for kp in 0..4 {
+                prefetch_ahead(blk.add(q6k::ql(h, 2 * kp)), 384, SEVERAL_AHEAD);
+                unroll!(F in [0 1 2 3] {
+                    let mut sum = [[_mm256_setzero_si256(); 2]; N];
+                    for k in [2 * kp, 2 * kp + 1] {
+                        let rec = blk.add(q6k::ql(h, k));
+                        let ql = ld2(rec.add(if F.is_multiple_of(2) { 0 } else { 64 }));
+                        let qh = ld2(rec.add(128));
+                        let at = 4 * (32 * h + 8 * F + k);
+                        let mut code = [_mm256_setzero_si256(); 2];
+                        for hh in 0..2 {
+                            let nib = _mm256_and_si256(
+                                if F < 2 { ql[hh] } else { _mm256_srli_epi16::<4>(ql[hh]) },
+                                low,
+                            );
+                            let hb = match F {
+                                0 => _mm256_slli_epi16::<4>(qh[hh]),
+                                1 => _mm256_slli_epi16::<2>(qh[hh]),
+                                2 => qh[hh],
+                                _ => _mm256_srli_epi16::<2>(qh[hh]),
+                            };
+                            code[hh] = _mm256_or_si256(nib, _mm256_and_si256(hb, top));
+                        }
+                        for (y, sum) in y.iter().zip(sum.iter_mut()) {
+                            let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
+                            for hh in 0..2 {
+                                let p = _mm256_maddubs_epi16(code[hh], yc);
+                                sum[hh] = if k.is_multiple_of(2) {
+                                    p
+                                } else {
+                                    _mm256_add_epi16(sum[hh], p)
+                                };
+                            }
+                        }
+                    }
+                    let sc = &terms.sc[8 * h + 2 * F + kp / 2];
+                    for (sum, isum) in sum.iter().zip(isum.iter_mut()) {
+                        for hh in 0..2 {
+                            let w = _mm256_madd_epi16(sum[hh], sc[hh]);
+                            isum[hh] = _mm256_add_epi32(isum[hh], w);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
 impl Kquant for Q6K {
     const SUBS: usize = 16;
     type Terms = Terms6;
+    const DIRECT_TOKENS: usize = 6;
+    #[inline(always)]
+    unsafe fn several<const N: usize>(
+        blk: *const u8,
+        y: [*const u8; N],
+        terms: &Terms6,
+        isum: &mut [[__m256i; 2]; N],
+    ) {
+        // SAFETY: the caller's contract is `k6_tokens`'.
+        unsafe { k6_tokens::<N>(blk, y, terms, isum) }
+    }
     /// In the layout's record order, which is address order (the hardware prefetchers follow
     /// it; sub-block after sub-block revisits each record four times): per half `h` and record
     /// `k` (`ql` chunks `k` and `8 + k`, `qh` chunk `k`), the codes of all four quarters `f`,
@@ -998,7 +1131,8 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
         unsafe {
             let blk = group.add(K::GROUP_BLOCK * b);
             let terms = K::terms(blk);
-            if T > 1 {
+            let direct = T <= K::DIRECT_TOKENS;
+            if !direct {
                 // A superblock is 36-53 lines: prefetched in eighths, one per eighth decoded
                 // (as the AVX-512 kernels found better than all at once).
                 let part = K::GROUP_BLOCK / 8;
@@ -1013,11 +1147,10 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
             let mut isums = [[_mm256_setzero_si256(); 2]; T];
             if T == 1 {
                 isums[0] = K::one(blk, y(0), &terms);
+            } else if direct {
+                K::several::<T>(blk, std::array::from_fn(y), &terms, &mut isums);
             } else {
-                let src = Decoded {
-                    buf: &buf.chunks,
-                    signs: &[],
-                };
+                let src = Decoded { buf: &buf.chunks };
                 let mut t = 0;
                 while t + 1 < T {
                     let mut pair = [isums[t], isums[t + 1]];
@@ -1102,9 +1235,14 @@ unsafe fn groups<const TY: u8, const T: usize>(
     let nb = acts.blocks;
     let rows = acts.token_rows::<T>(t0);
     let zero = [_mm256_setzero_si256(); 2];
+    let buffered = match TY {
+        3 => T > Q4K::DIRECT_TOKENS,
+        4 => T > Q6K::DIRECT_TOKENS,
+        5 => T > Q5K::DIRECT_TOKENS,
+        _ => false,
+    };
     let mut buf = Buffers {
-        chunks: if T > 1 { vec![zero; 64] } else { Vec::new() },
-        signs: if T > 1 { vec![zero; 8] } else { Vec::new() },
+        chunks: if buffered { vec![zero; 64] } else { Vec::new() },
     };
     for (g, group) in w.chunks_exact(group_bytes).enumerate() {
         let p = group.as_ptr();
@@ -1114,13 +1252,13 @@ unsafe fn groups<const TY: u8, const T: usize>(
         // CPU features are the caller's.
         let f = unsafe {
             match TY {
-                0 => legacy_group::<Q8_0, T>(p, nb, &rows, buf),
-                1 => legacy_group::<Q4_0, T>(p, nb, &rows, buf),
-                2 => legacy_group::<Q5_0, T>(p, nb, &rows, buf),
+                0 => legacy_group::<Q8_0, T>(p, nb, &rows),
+                1 => legacy_group::<Q4_0, T>(p, nb, &rows),
+                2 => legacy_group::<Q5_0, T>(p, nb, &rows),
                 3 => kquant_group::<Q4K, T>(p, nb, &rows, buf),
                 5 => kquant_group::<Q5K, T>(p, nb, &rows, buf),
-                6 => legacy_group::<Q4_1, T>(p, nb, &rows, buf),
-                7 => legacy_group::<Q5_1, T>(p, nb, &rows, buf),
+                6 => legacy_group::<Q4_1, T>(p, nb, &rows),
+                7 => legacy_group::<Q5_1, T>(p, nb, &rows),
                 _ => kquant_group::<Q6K, T>(p, nb, &rows, buf),
             }
         };
