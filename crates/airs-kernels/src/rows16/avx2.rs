@@ -34,7 +34,8 @@
 //! `vpmaddwd` by the scales). Cost per 64 weight bytes and token: two `vpmaddubsw` (Q8_0 also
 //! two `vpsignb`), about one `vpaddw` and a fraction of a `vpmaddwd`; the chunk's decode (Q8_0
 //! one op a register, Q4_0/Q4_K one or two, Q5_0/Q5_K three to five, Q6_K three) once per
-//! block; per block and token a float step on 16 lanes.
+//! block (the legacy types' several tokens: once per pair); per block and token a float step
+//! on 16 lanes.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -343,30 +344,42 @@ impl Layout for Q5K {
     }
 }
 
+/// The 6-bit codes of quarter `f` (0..4) of a Q6_K register: the low nibbles of `ql` (`f` 0
+/// and 1) or its high ones (2 and 3), with bit pair `f` of each `qh` byte moved to bits 4-5.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn q6_codes(ql: __m256i, qh: __m256i, f: usize) -> __m256i {
+    // SAFETY: AVX2 (caller).
+    unsafe {
+        let hb = match f {
+            0 => _mm256_slli_epi16::<4>(qh),
+            1 => _mm256_slli_epi16::<2>(qh),
+            2 => qh,
+            _ => _mm256_srli_epi16::<2>(qh),
+        };
+        _mm256_or_si256(
+            nibble(ql, f >= 2),
+            _mm256_and_si256(hb, _mm256_set1_epi8(0x30)),
+        )
+    }
+}
+
 impl Layout for Q6K {
     const GROUP_BLOCK: usize = q6k::GROUP_BLOCK;
     const CHUNKS: usize = 64;
     const SUM16: usize = 2;
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, c: usize) -> Chunk {
-        // Values 4c.. = 128h + 32f + 4k..: low nibbles of ql chunk k (f = 0) or 8 + k (f = 1),
-        // high nibbles of those (f = 2, 3); top bits: pair f of qh chunk k, moved to bits 4-5.
+        // Values 4c.. = 128h + 32f + 4k..: quarter f of ql chunk k (f = 0, 2) or 8 + k (f = 1,
+        // 3) with qh chunk k.
         let (h, f, k) = (c / 32, c / 8 % 4, c % 8);
         // SAFETY: AVX2 (caller); the layout's ql and qh chunks are inside the superblock.
         unsafe {
-            let mut out = nibbles(blk.add(q6k::ql(h, 8 * (f % 2) + k)), f >= 2);
+            let ql = ld2(blk.add(q6k::ql(h, 8 * (f % 2) + k)));
             let qh = ld2(blk.add(q6k::qh(h, k)));
-            let top = _mm256_set1_epi8(0x30);
-            for (o, qh) in out.iter_mut().zip(qh) {
-                let hb = match f {
-                    0 => _mm256_slli_epi16::<4>(qh),
-                    1 => _mm256_slli_epi16::<2>(qh),
-                    2 => qh,
-                    _ => _mm256_srli_epi16::<2>(qh),
-                };
-                *o = _mm256_or_si256(*o, _mm256_and_si256(hb, top));
-            }
-            out
+            [q6_codes(ql[0], qh[0], f), q6_codes(ql[1], qh[1], f)]
         }
     }
 }
@@ -951,8 +964,6 @@ unsafe fn k6_tokens<const N: usize>(
 ) {
     // SAFETY: AVX2 (caller); as `Q6K::one`.
     unsafe {
-        let low = _mm256_set1_epi8(0x0F);
-        let top = _mm256_set1_epi8(0x30);
         prefetch_ahead(blk, q6k::ql(0, 0), SEVERAL_AHEAD);
         for h in 0..2 {
             for kp in 0..4 {
@@ -964,20 +975,7 @@ unsafe fn k6_tokens<const N: usize>(
                         let ql = ld2(rec.add(if F.is_multiple_of(2) { 0 } else { 64 }));
                         let qh = ld2(rec.add(128));
                         let at = 4 * (32 * h + 8 * F + k);
-                        let mut code = [_mm256_setzero_si256(); 2];
-                        for hh in 0..2 {
-                            let nib = _mm256_and_si256(
-                                if F < 2 { ql[hh] } else { _mm256_srli_epi16::<4>(ql[hh]) },
-                                low,
-                            );
-                            let hb = match F {
-                                0 => _mm256_slli_epi16::<4>(qh[hh]),
-                                1 => _mm256_slli_epi16::<2>(qh[hh]),
-                                2 => qh[hh],
-                                _ => _mm256_srli_epi16::<2>(qh[hh]),
-                            };
-                            code[hh] = _mm256_or_si256(nib, _mm256_and_si256(hb, top));
-                        }
+                        let code = [q6_codes(ql[0], qh[0], F), q6_codes(ql[1], qh[1], F)];
                         for (y, sum) in y.iter().zip(sum.iter_mut()) {
                             let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
                             for hh in 0..2 {
@@ -1029,8 +1027,6 @@ impl Kquant for Q6K {
         // `y` its codes.
         unsafe {
             let mut isum = [_mm256_setzero_si256(); 2];
-            let low = _mm256_set1_epi8(0x0F);
-            let top = _mm256_set1_epi8(0x30);
             prefetch_ahead(blk, q6k::ql(0, 0), ONE_TOKEN_AHEAD);
             for h in 0..2 {
                 for kp in 0..4 {
@@ -1044,17 +1040,7 @@ impl Kquant for Q6K {
                             let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
                             for hh in 0..2 {
                                 let ql = if F.is_multiple_of(2) { a[hh] } else { b[hh] };
-                                let nib = _mm256_and_si256(
-                                    if F < 2 { ql } else { _mm256_srli_epi16::<4>(ql) },
-                                    low,
-                                );
-                                let hb = match F {
-                                    0 => _mm256_slli_epi16::<4>(qh[hh]),
-                                    1 => _mm256_slli_epi16::<2>(qh[hh]),
-                                    2 => qh[hh],
-                                    _ => _mm256_srli_epi16::<2>(qh[hh]),
-                                };
-                                let code = _mm256_or_si256(nib, _mm256_and_si256(hb, top));
+                                let code = q6_codes(ql, qh[hh], F);
                                 let p = _mm256_maddubs_epi16(code, yc);
                                 sum[F][hh] = if k.is_multiple_of(2) {
                                     p
