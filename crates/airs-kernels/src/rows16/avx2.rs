@@ -22,7 +22,8 @@
 //! slower than on the file-layout kernels it replaced (BENCHMARKS.md). With a few tokens the
 //! buffer's stores and reloads cost more than decoding twice: from cache, one thread,
 //! `decode_dram`, 2 / 4 tokens, µs through the buffer against on the spot: Q8_0 5632×2048
-//! 544 / 918 against 407 / 817; Q4_K 5632×2048 363 / 570 against 284 / 531; Q6_K 2048×5632
+//! 544 / 918 against 407 / 817; Q4_K 5632×2048 363 / 570 against 284 / 531 (265 / 462 since
+//! its steps are inline assembly, [`maddubs_step`]); Q6_K 2048×5632
 //! 778 / 1,077 against 477 / 743; Q5_K 5632×2048 with 2 tokens 828 against 551 (BENCHMARKS.md).
 //! One token of Q4_K and Q6_K reads its superblock in address order with software prefetch
 //! ([`Kquant::one`]): from DRAM with 2 threads (`decode_dram`) Q4_K went from 28 to 34 GB/s
@@ -103,6 +104,55 @@ unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
     unsafe {
         let v = ld2(p);
         [nibble(v[0], high), nibble(v[1], high)]
+    }
+}
+
+/// `sum[h] += vpmaddubsw(codes[h], yc)` for both halves (`sum[h] =` the product when
+/// `first`): one token's step over one chunk of [`k4_tokens`], in inline assembly. Written with
+/// intrinsics, LLVM unrolled that loop whole, hoisted the following steps' loads (codes and
+/// broadcast activations) ahead of these and spilled what it hoisted: with 4 tokens, a store
+/// to the stack for about every `vpmaddubsw`. An `asm!` block that may touch memory keeps each
+/// load after the steps before it, so the loop runs in the order written, in registers. From
+/// cache, one thread, `decode_dram` Q4_K 5632×2048, 2 / 3 / 4 / 5 / 6 tokens: 283 / 420 / 533
+/// / 684 / 690 → 265 / 365 / 462 / 561 / 689 µs (BENCHMARKS.md). The same step in Q6_K's [`k6_tokens`] and the legacy types' [`dots`],
+/// whose codes take longer to decode, was slower (Q6_K 4 tokens 741 → 786-820 µs; Q8_0 2
+/// tokens 408 → 485).
+///
+/// # Safety
+/// AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn maddubs_step(codes: Chunk, yc: __m256i, sum: &mut Chunk, first: bool) {
+    // SAFETY: register operands only, AVX2 instructions (this fn's features). The block
+    // neither reads nor writes memory nor the stack and keeps the flags; it is left without
+    // `nomem` on purpose, as an ordering point for the loads around it.
+    unsafe {
+        if first {
+            std::arch::asm!(
+                "vpmaddubsw {s0}, {c0}, {y}",
+                "vpmaddubsw {s1}, {c1}, {y}",
+                c0 = in(ymm_reg) codes[0],
+                c1 = in(ymm_reg) codes[1],
+                y = in(ymm_reg) yc,
+                s0 = out(ymm_reg) sum[0],
+                s1 = out(ymm_reg) sum[1],
+                options(nostack, preserves_flags),
+            );
+        } else {
+            std::arch::asm!(
+                "vpmaddubsw {t}, {c0}, {y}",
+                "vpaddw {s0}, {s0}, {t}",
+                "vpmaddubsw {t}, {c1}, {y}",
+                "vpaddw {s1}, {s1}, {t}",
+                c0 = in(ymm_reg) codes[0],
+                c1 = in(ymm_reg) codes[1],
+                y = in(ymm_reg) yc,
+                s0 = inout(ymm_reg) sum[0],
+                s1 = inout(ymm_reg) sum[1],
+                t = out(ymm_reg) _,
+                options(nostack, preserves_flags),
+            );
+        }
     }
 }
 
@@ -811,9 +861,10 @@ unsafe fn k4_pair<const FIVE: bool>(
 
 /// `N` tokens' integer dots of a Q4_K superblock ([`Kquant::several`]), in
 /// [`k4_one`]'s order: per sub-block pair, the low nibbles of its 8 registers and then the
-/// high ones, each chunk decoded once for every token. Up to 6 tokens (from cache, one thread,
-/// 5632×2048: 2 / 4 / 6 tokens 284 / 531 / 683 µs against 363 / 570 / 767 through the buffer);
-/// with more, the `2N` i16 sums spill (8 tokens 1,017 against 971; 16 tokens 2,580 against
+/// high ones, each chunk decoded once for every token, each token's step in
+/// [`maddubs_step`]. Up to 6 tokens (from cache, one thread, 5632×2048: 2 / 4 / 6 tokens
+/// 265 / 462 / 689 µs against 363 / 570 / 767 through the buffer); with more, the `2N` i16
+/// sums spill (before `maddubs_step`: 8 tokens 1,017 against 971; 16 tokens 2,580 against
 /// about 1,750).
 ///
 /// # Safety
@@ -840,14 +891,7 @@ unsafe fn k4_tokens<const N: usize>(
                     let at = 4 * (16 * p + 8 * u + k);
                     for (y, sum) in y.iter().zip(sum.iter_mut()) {
                         let yc = _mm256_set1_epi32(y.add(at).cast::<i32>().read_unaligned());
-                        for h in 0..2 {
-                            let w = _mm256_maddubs_epi16(code[h], yc);
-                            sum[h] = if k == 0 {
-                                w
-                            } else {
-                                _mm256_add_epi16(sum[h], w)
-                            };
-                        }
+                        maddubs_step(code, yc, sum, k == 0);
                     }
                 }
                 for (sum, isum) in sum.iter().zip(isum.iter_mut()) {
