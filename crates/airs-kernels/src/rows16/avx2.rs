@@ -18,8 +18,10 @@
 //! two at a time, every pass re-reading the block from L1.
 //! Q4_K and Q6_K do so for up to [`Kquant::DIRECT_TOKENS`] tokens (6: [`k4_tokens`],
 //! [`k6_tokens`]), every token per decoded register; Q5_K runs 2 tokens as two of one. With
-//! more tokens the k-quants decode a superblock once into a buffer ([`Buffers`]) that every
-//! pair of tokens reads from L1. Through a 4 KiB buffer, one token of TinyLlama Q4_K_M ran 9 %
+//! more tokens, Q4_K runs passes of 4 tokens ([`Kquant::PASS_TOKENS`]), and Q5_K and Q6_K
+//! decode a superblock once into a buffer ([`Buffers`]) that every four tokens (when their
+//! count is a multiple of 4: 16 tokens Q6_K 2,611 → 2,476 µs, Q5_K 2,240 → 2,152) or every
+//! pair reads from L1. Through a 4 KiB buffer, one token of TinyLlama Q4_K_M ran 9 %
 //! slower than on the file-layout kernels it replaced (BENCHMARKS.md). With a few tokens the
 //! buffer's stores and reloads cost more than decoding twice: from cache, one thread,
 //! `decode_dram`, 2 / 4 tokens, µs through the buffer against on the spot: Q8_0 5632×2048
@@ -752,8 +754,12 @@ trait Kquant: Layout + Sized {
         }
         isum
     }
-    /// Most tokens [`Kquant::several`] takes; more go through a decoded superblock.
+    /// Most tokens [`Kquant::several`] takes in one pass.
     const DIRECT_TOKENS: usize = 1;
+    /// Beyond [`Kquant::DIRECT_TOKENS`]: 0 to run the tokens through a decoded superblock, or
+    /// 4 to run them in [`Kquant::several`] passes of 4 (the last pass takes what is left),
+    /// every pass decoding the superblock again ([`passes`]).
+    const PASS_TOKENS: usize = 0;
     /// `N` tokens' integer dots of the superblock at `blk` ([`Kquant::one`]'s, added to
     /// `isum`), read from the group stream. By default token after token through `one`.
     ///
@@ -933,6 +939,10 @@ impl Kquant for Q4K {
     const SUBS: usize = 8;
     type Terms = Terms4;
     const DIRECT_TOKENS: usize = 6;
+    /// Four: from cache, one thread, µs through the buffer against in passes of 4: 5632×2048,
+    /// 8 / 12 / 16 tokens 961 / 1,356 / 1,752 against 899 / 1,315 / 1,736; 896×4864 360 / 506
+    /// / 654 against 333 / 491 / 647.
+    const PASS_TOKENS: usize = 4;
     #[inline(always)]
     unsafe fn several<const N: usize>(
         blk: *const u8,
@@ -1161,6 +1171,51 @@ impl Kquant for Q6K {
     }
 }
 
+/// `T` tokens' integer dots of the superblock at `blk` in [`Kquant::several`] passes of
+/// [`Kquant::PASS_TOKENS`] (4) tokens, the last pass what is left.
+///
+/// # Safety
+/// As [`Kquant::several`] for each token's `y(t)`.
+#[inline(always)]
+unsafe fn passes<K: Kquant, const T: usize>(
+    blk: *const u8,
+    y: &impl Fn(usize) -> *const u8,
+    terms: &K::Terms,
+    isums: &mut [[__m256i; 2]; T],
+) {
+    debug_assert_eq!(K::PASS_TOKENS, 4);
+    let mut t = 0;
+    while t < T {
+        // SAFETY: the caller's contract, token by token.
+        unsafe {
+            match T - t {
+                1 => {
+                    let mut one = [isums[t]];
+                    K::several::<1>(blk, [y(t)], terms, &mut one);
+                    [isums[t]] = one;
+                }
+                2 => {
+                    let mut two = [isums[t], isums[t + 1]];
+                    K::several::<2>(blk, [y(t), y(t + 1)], terms, &mut two);
+                    [isums[t], isums[t + 1]] = two;
+                }
+                3 => {
+                    let mut three = [isums[t], isums[t + 1], isums[t + 2]];
+                    K::several::<3>(blk, [y(t), y(t + 1), y(t + 2)], terms, &mut three);
+                    [isums[t], isums[t + 1], isums[t + 2]] = three;
+                }
+                _ => {
+                    let mut four = [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]];
+                    let ys = [y(t), y(t + 1), y(t + 2), y(t + 3)];
+                    K::several::<4>(blk, ys, terms, &mut four);
+                    [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]] = four;
+                }
+            }
+        }
+        t += 4;
+    }
+}
+
 /// The 16 row dots of the k-quant group at `group` (`nb` superblocks) with each of `T`
 /// tokens: per superblock the reference's exact `isum = Σ sc·Σ q·y` (Q6_K: `Σ sc·Σ(q − 32)·y`)
 /// and Q4_K's `summ = Σ m·Σ y`, then its float step `sum + ((d·dy)·isum − (dmin·dy)·summ)`
@@ -1185,7 +1240,7 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
         unsafe {
             let blk = group.add(K::GROUP_BLOCK * b);
             let terms = K::terms(blk);
-            let direct = T <= K::DIRECT_TOKENS;
+            let direct = T <= K::DIRECT_TOKENS || K::PASS_TOKENS > 0;
             if !direct {
                 // A superblock is 36-53 lines: prefetched in eighths, one per eighth decoded
                 // (as the AVX-512 kernels found better than all at once).
@@ -1196,16 +1251,34 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
                 }
             }
             let y = |t: usize| rows.ys[t].add(292 * b + 4);
-            // The integer dots: one token reads its chunks on the spot; several read the
-            // decoded superblock two tokens at a time (each chunk's loads serve both).
+            // The integer dots: one token and a few read their chunks on the spot (Q4_K: any
+            // count, 4 a pass); more read the decoded superblock four or two tokens at a time
+            // (each chunk's loads serve them all).
             let mut isums = [[_mm256_setzero_si256(); 2]; T];
             if T == 1 {
                 isums[0] = K::one(blk, y(0), &terms);
-            } else if direct {
+            } else if T <= K::DIRECT_TOKENS {
                 K::several::<T>(blk, std::array::from_fn(y), &terms, &mut isums);
+            } else if direct {
+                passes::<K, T>(blk, &y, &terms, &mut isums);
             } else {
                 let src = Decoded { buf: &buf.chunks };
                 let mut t = 0;
+                while T.is_multiple_of(4) && t < T {
+                    let mut quad = [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]];
+                    for (s, sc) in terms.sc().iter().enumerate() {
+                        let at = s * per..(s + 1) * per;
+                        quad = dots::<K, _, 4>(
+                            &src,
+                            at,
+                            [y(t), y(t + 1), y(t + 2), y(t + 3)],
+                            sc,
+                            quad,
+                        );
+                    }
+                    [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]] = quad;
+                    t += 4;
+                }
                 while t + 1 < T {
                     let mut pair = [isums[t], isums[t + 1]];
                     for (s, sc) in terms.sc().iter().enumerate() {
