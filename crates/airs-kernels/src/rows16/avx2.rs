@@ -18,7 +18,7 @@
 //! two at a time, every pass re-reading the block from L1.
 //! Q4_K and Q6_K do so for up to [`Kquant::DIRECT_TOKENS`] tokens (6: [`k4_tokens`],
 //! [`k6_tokens`]), every token per decoded register; Q5_K runs 2 tokens as two of one. With
-//! more tokens, Q4_K runs passes of 4 tokens ([`Kquant::PASS_TOKENS`]), and Q5_K and Q6_K
+//! more tokens, Q4_K runs passes of 4 tokens ([`Kquant::PASSES_OF_FOUR`]), and Q5_K and Q6_K
 //! decode a superblock once into a buffer ([`Buffers`]) that every four tokens (when their
 //! count is a multiple of 4: 16 tokens Q6_K 2,611 → 2,476 µs, Q5_K 2,240 → 2,152) or every
 //! pair reads from L1. Through a 4 KiB buffer, one token of TinyLlama Q4_K_M ran 9 %
@@ -117,9 +117,10 @@ unsafe fn nibbles(p: *const u8, high: bool) -> Chunk {
 /// to the stack for about every `vpmaddubsw`. An `asm!` block that may touch memory keeps each
 /// load after the steps before it, so the loop runs in the order written, in registers. From
 /// cache, one thread, `decode_dram` Q4_K 5632×2048, 2 / 3 / 4 / 5 / 6 tokens: 283 / 420 / 533
-/// / 684 / 690 → 265 / 365 / 462 / 561 / 689 µs (BENCHMARKS.md). The same step in Q6_K's [`k6_tokens`] and the legacy types' [`dots`],
-/// whose codes take longer to decode, was slower (Q6_K 4 tokens 741 → 786-820 µs; Q8_0 2
-/// tokens 408 → 485).
+/// / 684 / 690 → 265 / 365 / 462 / 561 / 689 µs (BENCHMARKS.md). The same step in Q6_K's
+/// [`k6_tokens`] and in the legacy types' [`dots`] from 3 tokens, whose codes take longer to
+/// decode, was slower (Q6_K 2 / 4 tokens 474 / 754 → 494 / 812-826 µs; 4 tokens Q8_0 5632×2048
+/// 811 → 838, Q5_0 4864×896 257 → 310).
 ///
 /// # Safety
 /// AVX2.
@@ -756,10 +757,10 @@ trait Kquant: Layout + Sized {
     }
     /// Most tokens [`Kquant::several`] takes in one pass.
     const DIRECT_TOKENS: usize = 1;
-    /// Beyond [`Kquant::DIRECT_TOKENS`]: 0 to run the tokens through a decoded superblock, or
-    /// 4 to run them in [`Kquant::several`] passes of 4 (the last pass takes what is left),
+    /// Beyond [`Kquant::DIRECT_TOKENS`]: false to run the tokens through a decoded superblock,
+    /// true to run them in [`Kquant::several`] passes of 4 (the last pass takes what is left),
     /// every pass decoding the superblock again ([`passes`]).
-    const PASS_TOKENS: usize = 0;
+    const PASSES_OF_FOUR: bool = false;
     /// `N` tokens' integer dots of the superblock at `blk` ([`Kquant::one`]'s, added to
     /// `isum`), read from the group stream. By default token after token through `one`.
     ///
@@ -939,10 +940,10 @@ impl Kquant for Q4K {
     const SUBS: usize = 8;
     type Terms = Terms4;
     const DIRECT_TOKENS: usize = 6;
-    /// Four: from cache, one thread, µs through the buffer against in passes of 4: 5632×2048,
-    /// 8 / 12 / 16 tokens 961 / 1,356 / 1,752 against 899 / 1,315 / 1,736; 896×4864 360 / 506
-    /// / 654 against 333 / 491 / 647.
-    const PASS_TOKENS: usize = 4;
+    /// From cache, one thread, µs through the buffer against in passes of 4: 5632×2048, 8 / 12
+    /// / 16 tokens 961 / 1,356 / 1,752 against 899 / 1,315 / 1,736; 896×4864 360 / 506 / 654
+    /// against 333 / 491 / 647.
+    const PASSES_OF_FOUR: bool = true;
     #[inline(always)]
     unsafe fn several<const N: usize>(
         blk: *const u8,
@@ -1171,8 +1172,8 @@ impl Kquant for Q6K {
     }
 }
 
-/// `T` tokens' integer dots of the superblock at `blk` in [`Kquant::several`] passes of
-/// [`Kquant::PASS_TOKENS`] (4) tokens, the last pass what is left.
+/// `T` tokens' integer dots of the superblock at `blk` in [`Kquant::several`] passes of 4
+/// tokens, the last pass what is left ([`Kquant::PASSES_OF_FOUR`]).
 ///
 /// # Safety
 /// As [`Kquant::several`] for each token's `y(t)`.
@@ -1183,36 +1184,32 @@ unsafe fn passes<K: Kquant, const T: usize>(
     terms: &K::Terms,
     isums: &mut [[__m256i; 2]; T],
 ) {
-    debug_assert_eq!(K::PASS_TOKENS, 4);
-    let mut t = 0;
-    while t < T {
-        // SAFETY: the caller's contract, token by token.
+    /// One pass: tokens `t..t + N`.
+    ///
+    /// # Safety
+    /// As [`Kquant::several`] for each token's `y(t)`.
+    #[inline(always)]
+    unsafe fn pass<K: Kquant, const N: usize>(
+        blk: *const u8,
+        y: &impl Fn(usize) -> *const u8,
+        terms: &K::Terms,
+        isums: &mut [[__m256i; 2]],
+        t: usize,
+    ) {
+        let isums: &mut [[__m256i; 2]; N] = (&mut isums[t..t + N]).try_into().unwrap();
+        // SAFETY: the caller's contract.
+        unsafe { K::several::<N>(blk, std::array::from_fn(|u| y(t + u)), terms, isums) }
+    }
+    for t in (0..T).step_by(4) {
+        // SAFETY: the caller's contract, pass by pass.
         unsafe {
             match T - t {
-                1 => {
-                    let mut one = [isums[t]];
-                    K::several::<1>(blk, [y(t)], terms, &mut one);
-                    [isums[t]] = one;
-                }
-                2 => {
-                    let mut two = [isums[t], isums[t + 1]];
-                    K::several::<2>(blk, [y(t), y(t + 1)], terms, &mut two);
-                    [isums[t], isums[t + 1]] = two;
-                }
-                3 => {
-                    let mut three = [isums[t], isums[t + 1], isums[t + 2]];
-                    K::several::<3>(blk, [y(t), y(t + 1), y(t + 2)], terms, &mut three);
-                    [isums[t], isums[t + 1], isums[t + 2]] = three;
-                }
-                _ => {
-                    let mut four = [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]];
-                    let ys = [y(t), y(t + 1), y(t + 2), y(t + 3)];
-                    K::several::<4>(blk, ys, terms, &mut four);
-                    [isums[t], isums[t + 1], isums[t + 2], isums[t + 3]] = four;
-                }
+                1 => pass::<K, 1>(blk, y, terms, isums, t),
+                2 => pass::<K, 2>(blk, y, terms, isums, t),
+                3 => pass::<K, 3>(blk, y, terms, isums, t),
+                _ => pass::<K, 4>(blk, y, terms, isums, t),
             }
         }
-        t += 4;
     }
 }
 
@@ -1240,7 +1237,7 @@ unsafe fn kquant_group<K: Kquant, const T: usize>(
         unsafe {
             let blk = group.add(K::GROUP_BLOCK * b);
             let terms = K::terms(blk);
-            let direct = T <= K::DIRECT_TOKENS || K::PASS_TOKENS > 0;
+            let direct = T <= K::DIRECT_TOKENS || K::PASSES_OF_FOUR;
             if !direct {
                 // A superblock is 36-53 lines: prefetched in eighths, one per eighth decoded
                 // (as the AVX-512 kernels found better than all at once).
