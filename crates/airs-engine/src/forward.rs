@@ -24,7 +24,7 @@ use airs_kernels::Isa;
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
 use crate::model::{Model, TensorRef};
-use crate::par::{DisjointOut, QuantizedActs, matmul, matmul_gated, matmuls};
+use crate::par::{DisjointOut, QuantizedActs, Take, matmul, matmul_gated, matmuls};
 use crate::pool::ThreadPool;
 use airs_gguf::RopeStyle;
 
@@ -555,7 +555,7 @@ impl Model {
                     macs: rows * (last + 1) * cfg.heads * head_dim * 2,
                 })
                 .sum();
-            crate::par::for_chunks_of(pool, pairs * slices, 1, work, &|range| {
+            crate::par::for_chunks_of(pool, pairs * slices, 1, Take::OneByOne, work, &|range| {
                 ATTENTION_SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();
                     let AttentionScratch {

@@ -109,12 +109,25 @@ impl Work {
     }
 }
 
-/// `f` over `0..items` in chunks of `chunk` on the pool's threads, or all of it at once on
-/// this thread when `work` is small ([`Work::INLINE_BYTES`]).
+/// How each thread takes its own run of a pool job's chunks ([`for_chunks_of`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Take {
+    /// One chunk a call ([`ThreadPool::for_chunks`]): chunks of unequal work (attention's),
+    /// or whose size per call was measured as it is (the tiled products' tiles).
+    OneByOne,
+    /// Half of what is left of the run a call ([`ThreadPool::for_even_chunks`]): the row
+    /// kernels' products.
+    InBites,
+}
+
+/// `f` over `0..items` in chunks of `chunk` on the pool's threads, each thread taking its own
+/// run as `take` says, or all of it at once on this thread when `work` is small
+/// ([`Work::INLINE_BYTES`]).
 pub(crate) fn for_chunks_of(
     pool: &ThreadPool,
     items: usize,
     chunk: usize,
+    take: Take,
     work: Work,
     f: &(dyn Fn(Range<usize>) + Sync),
 ) {
@@ -124,7 +137,10 @@ pub(crate) fn for_chunks_of(
         }
         return;
     }
-    pool.for_chunks(items, chunk, f);
+    match take {
+        Take::OneByOne => pool.for_chunks(items, chunk, f),
+        Take::InBites => pool.for_even_chunks(items, chunk, f),
+    }
 }
 
 thread_local! {
@@ -173,7 +189,7 @@ impl QuantizedActs {
             }
             let writer = DisjointOut::new(&mut buf[..*len]);
             let work = Work::bytes(std::mem::size_of_val(x));
-            for_chunks_of(pool, rows, 4, work, &|range| {
+            for_chunks_of(pool, rows, 4, Take::OneByOne, work, &|range| {
                 // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
                 let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
                 for (r, o) in range.zip(out.chunks_exact_mut(row_bytes)) {
@@ -248,7 +264,9 @@ fn matmul_after<'a>(
         pool.threads(),
     );
     let chunk = rows_per_chunk(share, w.row_bytes);
-    for_chunks_of(pool, w.rows, chunk, job.work(), &|range| job.compute(range));
+    for_chunks_of(pool, w.rows, chunk, Take::InBites, job.work(), &|range| {
+        job.compute(range)
+    });
     None
 }
 
@@ -289,7 +307,7 @@ pub(crate) fn matmuls(
     }
     let total = first.last().copied().unwrap_or(0);
     let work = jobs.iter().map(RowJob::work).sum();
-    for_chunks_of(pool, total, 1, work, &|range| {
+    for_chunks_of(pool, total, 1, Take::InBites, work, &|range| {
         for c in range {
             let i = first.partition_point(|&f| f <= c) - 1;
             let (chunk, rows) = (chunks[i], jobs[i].w.rows);
@@ -340,7 +358,7 @@ pub(crate) fn matmul_gated(
         ),
         row_bytes,
     );
-    for_chunks_of(pool, rows, chunk, work, &|range| {
+    for_chunks_of(pool, rows, chunk, Take::InBites, work, &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
         for t in 0..tokens {
@@ -586,12 +604,19 @@ fn prepare_acts(
     let groups = prep.groups();
     let acts = &acts[..acts.len() / tokens.max(1) * tokens];
     let writer = DisjointOut::new(prep.bytes_mut());
-    for_chunks_of(pool, groups, 4, Work::bytes(acts.len()), &|range| {
-        // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
-        let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
-        airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
-            .expect("matmul geometry checked at model load");
-    });
+    for_chunks_of(
+        pool,
+        groups,
+        4,
+        Take::OneByOne,
+        Work::bytes(acts.len()),
+        &|range| {
+            // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
+            let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
+            airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
+                .expect("matmul geometry checked at model load");
+        },
+    );
 }
 
 /// The tiled product of all rows of `w` with the prepared activations: row chunks that are
@@ -609,31 +634,40 @@ fn matmul_prepared(
     let rows = w.rows;
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
-    for_chunks_of(pool, rows, chunk, Work::product(w, tokens), &|range| {
-        let width = range.len();
-        TILE.with(|tile| {
-            let mut tile = tile.borrow_mut();
-            tile.resize(tokens * width, 0.0);
-            // Runs of repacked groups (whose tiles the kernels make from the rows16 layout)
-            // and of rows in the file's layout.
-            for (run, packed) in layout_runs(w, range.clone()) {
-                let rows = &data[run.start * w.row_bytes..run.end * w.row_bytes];
-                let o = &mut tile[run.start - range.start..];
-                if packed {
-                    airs_kernels::matmul_prepared_rows16(isa, w.ty, w.cols, rows, prep, o, width)
-                } else {
-                    airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
+    for_chunks_of(
+        pool,
+        rows,
+        chunk,
+        Take::OneByOne,
+        Work::product(w, tokens),
+        &|range| {
+            let width = range.len();
+            TILE.with(|tile| {
+                let mut tile = tile.borrow_mut();
+                tile.resize(tokens * width, 0.0);
+                // Runs of repacked groups (whose tiles the kernels make from the rows16 layout)
+                // and of rows in the file's layout.
+                for (run, packed) in layout_runs(w, range.clone()) {
+                    let rows = &data[run.start * w.row_bytes..run.end * w.row_bytes];
+                    let o = &mut tile[run.start - range.start..];
+                    if packed {
+                        airs_kernels::matmul_prepared_rows16(
+                            isa, w.ty, w.cols, rows, prep, o, width,
+                        )
+                    } else {
+                        airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
+                    }
+                    .expect("matmul geometry checked at model load");
                 }
-                .expect("matmul geometry checked at model load");
-            }
-            for t in 0..tokens {
-                let start = t * rows + range.start;
-                // SAFETY: row ranges of different chunks are disjoint within every token row.
-                let o = unsafe { writer.slice(start..start + width) };
-                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-            }
-        });
-    });
+                for t in 0..tokens {
+                    let start = t * rows + range.start;
+                    // SAFETY: row ranges of different chunks are disjoint within every token row.
+                    let o = unsafe { writer.slice(start..start + width) };
+                    o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+                }
+            });
+        },
+    );
 }
 
 /// Rows `range` of `w` (starting at a group) as maximal runs of whole groups in one layout:
@@ -664,7 +698,7 @@ mod tests {
     /// (thread, range) of every call `for_chunks_of` makes.
     fn calls(pool: &ThreadPool, items: usize, work: Work) -> Vec<(String, Range<usize>)> {
         let seen = Mutex::new(Vec::new());
-        for_chunks_of(pool, items, 1, work, &|range| {
+        for_chunks_of(pool, items, 1, Take::OneByOne, work, &|range| {
             let name = std::thread::current().name().unwrap_or("").to_string();
             seen.lock().unwrap().push((name, range));
         });
@@ -689,19 +723,22 @@ mod tests {
     }
 
     #[test]
-    fn one_tokens_product_is_dealt_in_two_chunks_a_thread_and_several_tokens_in_eight() {
+    fn products_are_dealt_in_about_the_chunks_a_thread_the_pool_asks_for() {
         // TinyLlama's attention output (2048 rows) and feed-forward (5632), Q4_K rows of 2048
-        // values (1152 bytes); Qwen's (896), Q5_0 rows of 896 (616).
+        // values (1152 bytes); Qwen's (896), Q5_0 rows of 896 (616). Chunks are whole groups,
+        // so the count is only about the one asked for.
         for (rows, row_bytes) in [(2048, 1152), (5632, 1152), (896, 616)] {
             for threads in [2, 4] {
-                let one = chunk_bytes(&[(rows, row_bytes)], 1, threads).len();
-                assert_eq!(one, threads * ChunksPerThread::ONE_TOKEN, "{rows} rows");
-                let several = chunk_bytes(&[(rows, row_bytes)], 4, threads).len();
-                assert!(
-                    several.abs_diff(threads * ChunksPerThread::SEVERAL_TOKENS)
-                        <= threads * ChunksPerThread::SEVERAL_TOKENS / 4,
-                    "{rows} rows, {threads} threads: {several} chunks"
-                );
+                for (tokens, per_thread) in [
+                    (1, ChunksPerThread::ONE_TOKEN),
+                    (4, ChunksPerThread::SEVERAL_TOKENS),
+                ] {
+                    let count = chunk_bytes(&[(rows, row_bytes)], tokens, threads).len();
+                    assert!(
+                        count.abs_diff(threads * per_thread) <= threads * per_thread / 4,
+                        "{rows} rows, {threads} threads, {tokens} tokens: {count} chunks"
+                    );
+                }
             }
         }
         // A matrix of fewer rows than that: chunks of one group.

@@ -1,10 +1,11 @@
 //! A fixed pool of worker threads for the kernels: the caller's thread plus `threads - 1`
 //! workers run one job at a time. A job's chunks of work are dealt as one contiguous run per
-//! thread, taken front to back, and a thread done with its own run takes the others' last
-//! chunks, so a slow core (these machines are noisy) takes fewer chunks while each thread
-//! reads one sequential stream of a weight matrix, which the hardware prefetchers follow
-//! (handing chunks out in turn through one counter started a new stream every chunk:
-//! BENCHMARKS.md).
+//! thread, taken front to back (for a matrix product's rows, in bites of half of what is left,
+//! so a thread enters the kernels a few times per run, not once per chunk), and a thread done
+//! with its own run takes the others' last chunks one at a time, so a slow core (these
+//! machines are noisy) takes fewer chunks while each thread reads one sequential stream of a
+//! weight matrix, which the hardware prefetchers follow (handing chunks out in turn through
+//! one counter started a new stream every chunk: BENCHMARKS.md).
 //!
 //! Design: like ggml's threadpool, workers spin briefly on an epoch counter after each job
 //! (matmuls in a forward pass are microseconds apart) and then sleep on a condition variable,
@@ -56,14 +57,15 @@ pub struct ChunksPerThread {
 
 impl ChunksPerThread {
     /// The default for one token's product, which streams its weights at the memory's rate:
-    /// two, so that a thread done early can still take half of a slow core's run. More and
-    /// finer chunks cost time: with eight, TinyLlama-1.1B Q4_K_M decoded 1.5-4 % slower under
-    /// two memory links (0.6-2 % under one), and with 32, 6-10 % slower, measured token by
-    /// token in alternation within one run (BENCHMARKS.md). The code run per chunk (dealing
-    /// it, entering the kernel) took 2-3 % of the samples at 32; the rest is not explained.
-    /// One chunk a thread, which leaves nothing to take, was 1 % slower than two, and eight
-    /// chunks with nothing taken up to 5 % slower than eight taken.
-    pub const ONE_TOKEN: usize = 2;
+    /// eight, taken by their owner in bites of half of what is left (4, 2, 1, 1), so that a
+    /// thread done early finds an eighth of a slow core's share to take while the owner
+    /// enters the kernels four times. In alternation within one run (`bench decode
+    /// --alternate-chunks 2,8`, 1,024 steps, Zen 3, 2 threads) eight took 2.0-2.6 % less time
+    /// a step than two on TinyLlama-1.1B Q4_K_M and Q8_0, and 0.8 % less on Qwen2.5-0.5B
+    /// (BENCHMARKS.md). When every chunk was a call of its own, eight had been 1.5-4 %
+    /// slower than two on an earlier host state (3 % faster on this one), and 32 6-10 %
+    /// slower: the bites keep the owner's first half one call, as with two.
+    pub const ONE_TOKEN: usize = 8;
 
     /// The default for a product of several tokens: enough that a thread done early takes a
     /// slow core's last ones (these machines are noisy), since such a product is bound by the
@@ -208,6 +210,20 @@ impl ThreadPool {
     /// over the pool's threads: thread `t` takes the `t`-th contiguous run of chunks front to
     /// back, then the other runs' remaining chunks from their backs (module documentation).
     pub fn for_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        self.deal(items, chunk, false, f);
+    }
+
+    /// [`ThreadPool::for_chunks`] for chunks of equal work (a matrix product's rows): a thread
+    /// takes its own run in bites of half of what is left (one call `f` for several chunks,
+    /// so it enters the kernels a few times a run), and the others' last chunks one at a
+    /// time. Chunks of unequal work (attention's, whose later positions cost more) take
+    /// `for_chunks`: a bite would keep the cheap run's thread from the expensive one's half.
+    pub fn for_even_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        self.deal(items, chunk, true, f);
+    }
+
+    /// [`ThreadPool::for_chunks`] (`bites` false) or [`ThreadPool::for_even_chunks`].
+    fn deal(&self, items: usize, chunk: usize, bites: bool, f: &(dyn Fn(Range<usize>) + Sync)) {
         let chunk = chunk.max(1);
         let chunks = items.div_ceil(chunk);
         if chunks <= 1 || self.threads == 1 {
@@ -216,7 +232,7 @@ impl ThreadPool {
             }
             return;
         }
-        let run_chunk = |c: usize| f(c * chunk..((c + 1) * chunk).min(items));
+        let run_chunks = |c: Range<usize>| f(c.start * chunk..(c.end * chunk).min(items));
         // Beyond `MAX_RUNS` threads, several take one run's front (a compare-and-swap claims
         // each chunk once either way).
         let owners = self.threads.min(MAX_RUNS);
@@ -230,13 +246,19 @@ impl ThreadPool {
         });
         self.run(&|thread| {
             let me = thread % owners;
-            while let Some(c) = runs[me].take_front() {
-                run_chunk(c);
+            loop {
+                let own = if bites {
+                    runs[me].take_front_half()
+                } else {
+                    runs[me].take_front()
+                };
+                let Some(c) = own else { break };
+                run_chunks(c);
             }
             for k in 1..owners {
                 let other = &runs[(me + k) % owners];
                 while let Some(c) = other.take_back() {
-                    run_chunk(c);
+                    run_chunks(c..c + 1);
                 }
             }
         });
@@ -258,18 +280,29 @@ impl ChunkRun {
     }
 
     /// Take the first chunk left, if any.
-    fn take_front(&self) -> Option<usize> {
-        self.take(|front, back| (front, (front + 1, back)))
+    fn take_front(&self) -> Option<Range<usize>> {
+        self.take(|front, back| (front..front + 1, (front + 1, back)))
+    }
+
+    /// Take the first half of the chunks left (at least one), if any: the owner's bites, so
+    /// that it enters the kernels once for most of its run while thieves, one chunk at a
+    /// time, still find the last ones small.
+    fn take_front_half(&self) -> Option<Range<usize>> {
+        self.take(|front, back| {
+            let end = front + (back - front).div_ceil(2);
+            (front..end, (end, back))
+        })
     }
 
     /// Take the last chunk left, if any.
     fn take_back(&self) -> Option<usize> {
-        self.take(|front, back| (back - 1, (front, back - 1)))
+        self.take(|front, back| (back - 1..back, (front, back - 1)))
+            .map(|taken| taken.start)
     }
 
-    /// Claim the chunk `pick(front, back)` names, leaving the run it returns, while any chunk
-    /// is left.
-    fn take(&self, pick: impl Fn(u64, u64) -> (u64, (u64, u64))) -> Option<usize> {
+    /// Claim the chunks `pick(front, back)` names (never empty), leaving the run it returns,
+    /// while any chunk is left.
+    fn take(&self, pick: impl Fn(u64, u64) -> (Range<u64>, (u64, u64))) -> Option<Range<usize>> {
         let mut cur = self.0.load(Ordering::Acquire);
         loop {
             let (front, back) = (cur & u64::from(u32::MAX), cur >> 32);
@@ -283,7 +316,7 @@ impl ChunkRun {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some(taken as usize),
+                Ok(_) => return Some(taken.start as usize..taken.end as usize),
                 Err(now) => cur = now,
             }
         }
@@ -348,13 +381,20 @@ mod tests {
         for threads in [1, 2, 3, 4, 66] {
             let pool = ThreadPool::new(threads);
             for items in [0, 1, 7, 64, 1000] {
-                let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
-                pool.for_chunks(items, 3, &|r| {
-                    for i in r {
-                        hits[i].fetch_add(1, Ordering::Relaxed);
+                for bites in [false, true] {
+                    let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
+                    let count = |r: Range<usize>| {
+                        for i in r {
+                            hits[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    };
+                    if bites {
+                        pool.for_even_chunks(items, 3, &count);
+                    } else {
+                        pool.for_chunks(items, 3, &count);
                     }
-                });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                }
             }
         }
     }
@@ -382,16 +422,23 @@ mod tests {
     }
 
     #[test]
+    fn an_owner_takes_half_of_what_is_left_each_time() {
+        let run = ChunkRun::new(0, 8);
+        let bites: Vec<Range<usize>> = std::iter::from_fn(|| run.take_front_half()).collect();
+        assert_eq!(bites, [0..4, 4..6, 6..7, 7..8]);
+    }
+
+    #[test]
     fn a_run_is_taken_from_both_ends_exactly_once() {
-        let run = ChunkRun::new(3, 9);
-        assert_eq!(run.take_front(), Some(3));
+        let run = ChunkRun::new(2, 9);
+        assert_eq!(run.take_front(), Some(2..3));
+        assert_eq!(run.take_front_half(), Some(3..6));
         assert_eq!(run.take_back(), Some(8));
+        assert_eq!(run.take_front_half(), Some(6..7));
         assert_eq!(run.take_back(), Some(7));
-        let mut rest: Vec<usize> = std::iter::from_fn(|| run.take_front()).collect();
-        rest.sort();
-        assert_eq!(rest, [4, 5, 6]);
+        assert_eq!(run.take_front_half(), None);
         assert_eq!(run.take_back(), None);
-        assert_eq!(ChunkRun::new(5, 5).take_front(), None);
+        assert_eq!(ChunkRun::new(5, 5).take_front_half(), None);
     }
 
     #[test]
