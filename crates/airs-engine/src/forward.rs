@@ -24,8 +24,8 @@ use airs_kernels::Isa;
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
 use crate::model::{Model, TensorRef};
-use crate::par::{DisjointOut, QuantizedActs, Take, matmul, matmul_gated, matmuls};
-use crate::pool::ThreadPool;
+use crate::par::{DisjointOut, QuantizedActs, matmul, matmul_gated, matmuls};
+use crate::pool::{Take, ThreadPool};
 use airs_gguf::RopeStyle;
 
 /// Most passes a step runs layer-major at once while weights load ([`Model::forward_batch`];

@@ -11,7 +11,7 @@ use airs_kernels::{ActType, Isa, PreparedActs};
 use crate::model::TensorRef;
 #[cfg(test)]
 use crate::pool::ChunksPerThread;
-use crate::pool::ThreadPool;
+use crate::pool::{Take, ThreadPool};
 
 /// An output buffer that the chunks of a parallel job write disjoint parts of.
 pub(crate) struct DisjointOut<'a, T> {
@@ -109,17 +109,6 @@ impl Work {
     }
 }
 
-/// How each thread takes its own run of a pool job's chunks ([`for_chunks_of`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Take {
-    /// One chunk a call ([`ThreadPool::for_chunks`]): chunks of unequal work (attention's),
-    /// or whose size per call was measured as it is (the tiled products' tiles).
-    OneByOne,
-    /// Half of what is left of the run a call ([`ThreadPool::for_even_chunks`]): the row
-    /// kernels' products.
-    InBites,
-}
-
 /// `f` over `0..items` in chunks of `chunk` on the pool's threads, each thread taking its own
 /// run as `take` says, or all of it at once on this thread when `work` is small
 /// ([`Work::INLINE_BYTES`]).
@@ -137,10 +126,7 @@ pub(crate) fn for_chunks_of(
         }
         return;
     }
-    match take {
-        Take::OneByOne => pool.for_chunks(items, chunk, f),
-        Take::InBites => pool.for_even_chunks(items, chunk, f),
-    }
+    pool.for_chunks_as(items, chunk, take, f);
 }
 
 thread_local! {
@@ -604,19 +590,13 @@ fn prepare_acts(
     let groups = prep.groups();
     let acts = &acts[..acts.len() / tokens.max(1) * tokens];
     let writer = DisjointOut::new(prep.bytes_mut());
-    for_chunks_of(
-        pool,
-        groups,
-        4,
-        Take::OneByOne,
-        Work::bytes(acts.len()),
-        &|range| {
-            // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
-            let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
-            airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
-                .expect("matmul geometry checked at model load");
-        },
-    );
+    let work = Work::bytes(acts.len());
+    for_chunks_of(pool, groups, 4, Take::OneByOne, work, &|range| {
+        // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
+        let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
+        airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
+            .expect("matmul geometry checked at model load");
+    });
 }
 
 /// The tiled product of all rows of `w` with the prepared activations: row chunks that are
@@ -634,40 +614,32 @@ fn matmul_prepared(
     let rows = w.rows;
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
-    for_chunks_of(
-        pool,
-        rows,
-        chunk,
-        Take::OneByOne,
-        Work::product(w, tokens),
-        &|range| {
-            let width = range.len();
-            TILE.with(|tile| {
-                let mut tile = tile.borrow_mut();
-                tile.resize(tokens * width, 0.0);
-                // Runs of repacked groups (whose tiles the kernels make from the rows16 layout)
-                // and of rows in the file's layout.
-                for (run, packed) in layout_runs(w, range.clone()) {
-                    let rows = &data[run.start * w.row_bytes..run.end * w.row_bytes];
-                    let o = &mut tile[run.start - range.start..];
-                    if packed {
-                        airs_kernels::matmul_prepared_rows16(
-                            isa, w.ty, w.cols, rows, prep, o, width,
-                        )
-                    } else {
-                        airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
-                    }
-                    .expect("matmul geometry checked at model load");
+    let work = Work::product(w, tokens);
+    for_chunks_of(pool, rows, chunk, Take::OneByOne, work, &|range| {
+        let width = range.len();
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            tile.resize(tokens * width, 0.0);
+            // Runs of repacked groups (whose tiles the kernels make from the rows16 layout)
+            // and of rows in the file's layout.
+            for (run, packed) in layout_runs(w, range.clone()) {
+                let rows = &data[run.start * w.row_bytes..run.end * w.row_bytes];
+                let o = &mut tile[run.start - range.start..];
+                if packed {
+                    airs_kernels::matmul_prepared_rows16(isa, w.ty, w.cols, rows, prep, o, width)
+                } else {
+                    airs_kernels::matmul_prepared(isa, w.ty, w.cols, rows, prep, o, width)
                 }
-                for t in 0..tokens {
-                    let start = t * rows + range.start;
-                    // SAFETY: row ranges of different chunks are disjoint within every token row.
-                    let o = unsafe { writer.slice(start..start + width) };
-                    o.copy_from_slice(&tile[t * width..(t + 1) * width]);
-                }
-            });
-        },
-    );
+                .expect("matmul geometry checked at model load");
+            }
+            for t in 0..tokens {
+                let start = t * rows + range.start;
+                // SAFETY: row ranges of different chunks are disjoint within every token row.
+                let o = unsafe { writer.slice(start..start + width) };
+                o.copy_from_slice(&tile[t * width..(t + 1) * width]);
+            }
+        });
+    });
 }
 
 /// Rows `range` of `w` (starting at a group) as maximal runs of whole groups in one layout:

@@ -210,20 +210,17 @@ impl ThreadPool {
     /// over the pool's threads: thread `t` takes the `t`-th contiguous run of chunks front to
     /// back, then the other runs' remaining chunks from their backs (module documentation).
     pub fn for_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
-        self.deal(items, chunk, false, f);
+        self.for_chunks_as(items, chunk, Take::OneByOne, f);
     }
 
-    /// [`ThreadPool::for_chunks`] for chunks of equal work (a matrix product's rows): a thread
-    /// takes its own run in bites of half of what is left (one call `f` for several chunks,
-    /// so it enters the kernels a few times a run), and the others' last chunks one at a
-    /// time. Chunks of unequal work (attention's, whose later positions cost more) take
-    /// `for_chunks`: a bite would keep the cheap run's thread from the expensive one's half.
-    pub fn for_even_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
-        self.deal(items, chunk, true, f);
-    }
-
-    /// [`ThreadPool::for_chunks`] (`bites` false) or [`ThreadPool::for_even_chunks`].
-    fn deal(&self, items: usize, chunk: usize, bites: bool, f: &(dyn Fn(Range<usize>) + Sync)) {
+    /// [`ThreadPool::for_chunks`], each thread taking its own run as `take` says.
+    pub fn for_chunks_as(
+        &self,
+        items: usize,
+        chunk: usize,
+        take: Take,
+        f: &(dyn Fn(Range<usize>) + Sync),
+    ) {
         let chunk = chunk.max(1);
         let chunks = items.div_ceil(chunk);
         if chunks <= 1 || self.threads == 1 {
@@ -247,10 +244,9 @@ impl ThreadPool {
         self.run(&|thread| {
             let me = thread % owners;
             loop {
-                let own = if bites {
-                    runs[me].take_front_half()
-                } else {
-                    runs[me].take_front()
+                let own = match take {
+                    Take::OneByOne => runs[me].take_front(),
+                    Take::InBites => runs[me].take_front_half(),
                 };
                 let Some(c) = own else { break };
                 run_chunks(c);
@@ -263,6 +259,20 @@ impl ThreadPool {
             }
         });
     }
+}
+
+/// How each thread takes its own run of a job's chunks ([`ThreadPool::for_chunks_as`]); the
+/// others' chunks it takes one at a time either way.
+#[derive(Clone, Copy, Debug)]
+pub enum Take {
+    /// One chunk a call: chunks of unequal work (attention's, whose later positions cost
+    /// more: a bite would keep the cheap run's thread out of half of the expensive one's),
+    /// or whose size per call was measured as it is (the tiled products' tiles).
+    OneByOne,
+    /// Half of what is left of the run a call (one call of `f` for several chunks, so a
+    /// thread enters the kernels a few times a run): chunks of equal work, a matrix
+    /// product's rows.
+    InBites,
 }
 
 /// Contiguous runs [`ThreadPool::for_chunks`] deals at most (one per thread up to this).
@@ -381,18 +391,14 @@ mod tests {
         for threads in [1, 2, 3, 4, 66] {
             let pool = ThreadPool::new(threads);
             for items in [0, 1, 7, 64, 1000] {
-                for bites in [false, true] {
+                for take in [Take::OneByOne, Take::InBites] {
                     let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
                     let count = |r: Range<usize>| {
                         for i in r {
                             hits[i].fetch_add(1, Ordering::Relaxed);
                         }
                     };
-                    if bites {
-                        pool.for_even_chunks(items, 3, &count);
-                    } else {
-                        pool.for_chunks(items, 3, &count);
-                    }
+                    pool.for_chunks_as(items, 3, take, &count);
                     assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
                 }
             }
