@@ -10,8 +10,11 @@
 //! [`PinPolicy::Populate`]) or `mlock2(MLOCK_ONFAULT)` (blocks as they are first written, the
 //! default), falling back visibly — a [`Notice`] — when the kernel refuses, as the rest of this
 //! crate does. The pool stays on base pages so its resident size grows block by block (huge
-//! pages bought no measurable attention speed once the engine prefetches each next block). "Eviction" of a block is its return to the free list (the design README): cached
-//! prefix blocks nobody references are reclaimed least-recently-used when the free list is empty.
+//! pages took 3-8 % off one query's attention with a layer's weights streamed between calls,
+//! mostly page walks of the prefetches, about 1-2 % of a decode step at 2,000 positions:
+//! BENCHMARKS.md, "attention's f16 conversions in tight loops"). "Eviction" of a block is its
+//! return to the free list (the design README): cached prefix blocks nobody references are
+//! reclaimed least-recently-used when the free list is empty.
 //!
 //! Block granularity: **one block holds K and V of every layer** for its positions, rather than
 //! one block set per layer. A sequence then needs one block table, one allocation and one
