@@ -550,9 +550,10 @@ impl Model {
             let kv_row_bytes = 2 * 2 * cfg.kv_heads * head_dim;
             let work = blocks
                 .iter()
-                .map(|&(_, _, rows, last)| crate::par::Work {
-                    bytes: (last + 1) * kv_row_bytes,
-                    macs: rows * (last + 1) * cfg.heads * head_dim * 2,
+                .map(|&(_, _, rows, last)| {
+                    let positions = last + 1;
+                    let f32_macs = rows * positions * cfg.heads * head_dim * 2;
+                    crate::par::Work::attention(positions * kv_row_bytes, f32_macs)
                 })
                 .sum();
             crate::par::for_chunks_of(pool, pairs * slices, 1, Take::OneByOne, work, &|range| {

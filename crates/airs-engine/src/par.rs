@@ -95,6 +95,26 @@ impl Work {
         Work { bytes, macs: 0 }
     }
 
+    /// What one f32 multiply-add costs in the int8 multiply-adds [`Self::INLINE_MACS`]
+    /// counts: a 256-bit fused multiply-add does 8 where `vpmaddubsw` does 32, and one query's
+    /// attention ran at 10-20 G a second on one Zen 3 core (`cargo bench -p airs-engine
+    /// --bench attention`) where the int8 products run at ~100. Counted as int8 ones, Qwen2.5's
+    /// decode attention stayed on the calling thread up to 512 positions (its bytes decided),
+    /// 30-60 µs a layer while the worker spun; at this cost it is dealt from 147 on. Alternated
+    /// within one run (`airs bench decode --prompt-tokens 16 --gen-tokens 512`, a throwaway
+    /// build switching the cost between 1 and 8), steps took 1-4 % less time with 8 in every
+    /// window of 256 on Qwen2.5 and TinyLlama Q4_K_M (BENCHMARKS.md). stories260K's attention
+    /// (8 heads of 8 values) stays inline up to 2,047 positions of its 2,048.
+    pub(crate) const F32_MAC_COST: usize = 8;
+
+    /// Attention that reads `bytes` of K and V rows and does `f32_macs` f32 multiply-adds.
+    pub(crate) fn attention(bytes: usize, f32_macs: usize) -> Work {
+        Work {
+            bytes,
+            macs: f32_macs * Self::F32_MAC_COST,
+        }
+    }
+
     /// The product of `tokens` input rows with `w`: its weights read once, a multiply-add per
     /// weight and input row.
     pub(crate) fn product(w: &TensorRef, tokens: usize) -> Work {
@@ -666,6 +686,30 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+
+    /// One decode token's attention job over `positions`: (bytes, f32 multiply-adds) for a
+    /// model of `heads` query heads and `kv_heads` KV heads of `head_dim` values, f16 K and V.
+    fn decode_attention(heads: usize, kv_heads: usize, head_dim: usize, positions: usize) -> Work {
+        Work::attention(
+            positions * 2 * 2 * kv_heads * head_dim,
+            positions * heads * head_dim * 2,
+        )
+    }
+
+    #[test]
+    fn decode_attention_is_dealt_to_the_threads_from_short_contexts_on_real_models() {
+        // Qwen2.5-0.5B (14 heads, 2 KV heads of 64 values): dealt from 147 positions (its
+        // bytes alone would have kept it on the caller up to 512).
+        assert!(decode_attention(14, 2, 64, 146).inline());
+        assert!(!decode_attention(14, 2, 64, 147).inline());
+        // TinyLlama-1.1B (32 heads, 4 KV heads): from 64.
+        assert!(decode_attention(32, 4, 64, 63).inline());
+        assert!(!decode_attention(32, 4, 64, 64).inline());
+        // stories260K (8 heads, 4 KV heads of 8 values) stays on the caller over its context
+        // of 2,048 but the last position, where a sleeping worker's wake-up would cost more
+        // than the job.
+        assert!(decode_attention(8, 4, 8, 2047).inline());
+    }
 
     /// (thread, range) of every call `for_chunks_of` makes.
     fn calls(pool: &ThreadPool, items: usize, work: Work) -> Vec<(String, Range<usize>)> {
