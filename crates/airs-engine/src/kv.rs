@@ -762,8 +762,33 @@ fn decode_columns<const X86_SIMD: bool>(
     }
 }
 
-/// [`decode_columns`] of 16 whole f16 columns: one tight loop of two `vcvtph2ps` and two
-/// stores per value `d`. Through [`decode_row_with`], each value's 16 positions were a call's
+/// `out.len() / head_dim` V rows of `head_dim` values, row `i` at byte `i · stride` of `v`,
+/// decoded into `out`: f16 rows by [`f16_rows_avx2`] when `X86_SIMD` and `head_dim` is a
+/// multiple of 8, the rest a [`decode_row_with`] call a row.
+#[inline(always)]
+fn decode_rows<const X86_SIMD: bool>(
+    ty: KvType,
+    v: &[u8],
+    stride: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if X86_SIMD && ty == KvType::F16 && head_dim.is_multiple_of(8) {
+        let rows = out.len() / head_dim;
+        // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`/`attend_runs_avx512`,
+        // which run after runtime detection of AVX2 and F16C and are compiled with both.
+        unsafe { f16_rows_avx2(v, stride, rows, head_dim, out) };
+        return;
+    }
+    let row_bytes = ty.row_bytes(head_dim).expect("row geometry checked");
+    for (i, o) in out.chunks_exact_mut(head_dim).enumerate() {
+        decode_row_with::<X86_SIMD>(ty, &v[i * stride..i * stride + row_bytes], o);
+    }
+}
+
+/// [`decode_columns`] for a whole chunk of 16 f16 positions: one tight loop of two
+/// `vcvtph2ps` and two stores per value `d`. Through [`decode_row_with`], each value's 16 positions were a call's
 /// worth of slicing, matching and zipping: a fifth of the samples of one query's attention
 /// (Qwen2.5, 2,048 positions) sat in that loop, against 16 conversions of real work.
 ///
@@ -1496,23 +1521,7 @@ fn attend_runs_any<'a, const X86_SIMD: bool, const AVX512: bool, F: Fn(usize) ->
         while i0 < rows {
             let n = (rows - i0).min(CHUNK_ROWS);
             let buf = &mut rows_buf[..n * head_dim];
-            #[cfg(target_arch = "x86_64")]
-            let tight = X86_SIMD && ty == KvType::F16 && head_dim.is_multiple_of(8);
-            #[cfg(not(target_arch = "x86_64"))]
-            let tight = false;
-            if tight {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `X86_SIMD` is true only inside builds compiled with AVX2 and F16C and
-                // run after their detection; `head_dim` is a multiple of 8.
-                unsafe {
-                    f16_rows_avx2(&v[i0 * stride..], stride, n, head_dim, buf)
-                };
-            } else {
-                for (i, o) in buf.chunks_exact_mut(head_dim).enumerate() {
-                    let at = (i0 + i) * stride;
-                    decode_row_with::<X86_SIMD>(ty, &v[at..at + row_bytes], o);
-                }
-            }
+            decode_rows::<X86_SIMD>(ty, &v[i0 * stride..], stride, head_dim, buf);
             for h in 0..heads {
                 // Rows past the head's own positions are not its to accumulate.
                 let n = n.min(row_len(h).saturating_sub(j0));
