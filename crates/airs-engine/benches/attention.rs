@@ -60,6 +60,7 @@ fn queries() -> usize {
 fn main() {
     let queries = queries();
     let stream = vec![1u8; stream_bytes()];
+    let isa = airs_kernels::Isa::detect();
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -131,7 +132,7 @@ fn main() {
                     let mut times = Vec::new();
                     while start.elapsed() < Duration::from_millis(1500) || times.len() < 3 * LAYERS
                     {
-                        black_box(airs_kernels::xor_fold(airs_kernels::Isa::detect(), &stream));
+                        black_box(airs_kernels::xor_fold(isa, &stream));
                         let t = Instant::now();
                         call();
                         times.push(t.elapsed().as_secs_f64());

@@ -736,11 +736,16 @@ fn decode_columns<const X86_SIMD: bool>(
     n: usize,
     cols: &mut [f32],
 ) {
+    // A whole chunk's columns are rows of 16 halves `2 · width` bytes apart: one tight loop.
+    // Through `decode_row_with`, each value's 16 positions were a call's worth of slicing,
+    // matching and zipping: a fifth of the samples of one query's attention (Qwen2.5, 2,048
+    // positions) sat in that loop, against 16 conversions of real work.
     #[cfg(target_arch = "x86_64")]
     if X86_SIMD && ty == KvType::F16 && n == CHUNK_ROWS {
+        let values = cols.len() / CHUNK_ROWS;
         // SAFETY: `X86_SIMD` is true only inside `attend_runs_avx2`/`attend_runs_avx512`,
         // which run after runtime detection of AVX2 and F16C and are compiled with both.
-        unsafe { f16_columns_avx2(tile, width, col0, cols) };
+        unsafe { f16_rows_avx2(&tile[2 * col0..], 2 * width, values, CHUNK_ROWS, cols) };
         return;
     }
     // The same shortcut for NEON: whole columns straight to its 8-lane conversion (unmeasured
@@ -787,37 +792,9 @@ fn decode_rows<const X86_SIMD: bool>(
     }
 }
 
-/// [`decode_columns`] for a whole chunk of 16 f16 positions: one tight loop of two
-/// `vcvtph2ps` and two stores per value `d`. Through [`decode_row_with`], each value's 16 positions were a call's
-/// worth of slicing, matching and zipping: a fifth of the samples of one query's attention
-/// (Qwen2.5, 2,048 positions) sat in that loop, against 16 conversions of real work.
-///
-/// # Safety
-/// AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn f16_columns_avx2(tile: &[u8], width: usize, col0: usize, cols: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
-    let values = cols.len() / CHUNK_ROWS;
-    assert!(values == 0 || ((values - 1) * width + col0 + CHUNK_ROWS) * 2 <= tile.len());
-    let (src, dst) = (tile.as_ptr(), cols.as_mut_ptr());
-    for d in 0..values {
-        // SAFETY: AVX2 and F16C (contract); value `d`'s 16 halves lie at element `d · width +
-        // col0` of the tile (the last one inside it, asserted above) and its 16 floats at
-        // `16 · d` of `cols` (`d < cols.len() / 16`); unaligned-safe loads and stores.
-        unsafe {
-            let at = src.add((d * width + col0) * 2);
-            let lo = _mm256_cvtph_ps(_mm_loadu_si128(at.cast::<__m128i>()));
-            let hi = _mm256_cvtph_ps(_mm_loadu_si128(at.add(16).cast::<__m128i>()));
-            _mm256_storeu_ps(dst.add(CHUNK_ROWS * d), lo);
-            _mm256_storeu_ps(dst.add(CHUNK_ROWS * d + 8), hi);
-        }
-    }
-}
-
-/// `rows` f16 V rows of `head_dim` values (a multiple of 8), row `i` at byte `i · stride` of
-/// `v`, decoded into `out` (`rows · head_dim` floats) by one tight loop, as
-/// [`f16_columns_avx2`] does for K.
+/// `rows` f16 rows of `head_dim` values (a multiple of 8), row `i` at byte `i · stride` of
+/// `v`, decoded into `out` (`rows · head_dim` floats) by one tight loop of `vcvtph2ps` and
+/// stores: V rows ([`decode_rows`]) and a chunk's K columns ([`decode_columns`]).
 ///
 /// # Safety
 /// AVX2 and F16C.

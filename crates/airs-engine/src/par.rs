@@ -98,13 +98,14 @@ impl Work {
     /// What one f32 multiply-add costs in the int8 multiply-adds [`Self::INLINE_MACS`]
     /// counts: a 256-bit fused multiply-add does 8 where `vpmaddubsw` does 32, and one query's
     /// attention ran at 10-20 G a second on one Zen 3 core (`cargo bench -p airs-engine
-    /// --bench attention`) where the int8 products run at ~100. Counted as int8 ones, Qwen2.5's
-    /// decode attention stayed on the calling thread up to 512 positions (its bytes decided),
-    /// 30-60 µs a layer while the worker spun; at this cost it is dealt from 147 on. Alternated
-    /// within one run (`airs bench decode --prompt-tokens 16 --gen-tokens 512`, a throwaway
-    /// build switching the cost between 1 and 8), steps took 1-4 % less time with 8 in every
-    /// window of 256 on Qwen2.5 and TinyLlama Q4_K_M (BENCHMARKS.md). stories260K's attention
-    /// (8 heads of 8 values) stays inline up to 2,047 positions of its 2,048.
+    /// --bench attention`) where the int8 products run at ~100. Counted as int8 ones,
+    /// Qwen2.5's decode attention stayed on the calling thread up to 512 positions (its bytes
+    /// decided), up to ~47 µs a layer while the worker spun (two KV heads at 46 ns a position
+    /// each in that bench's "qwen2.5 f16 2048", from L3); at this cost it is dealt from 147 on.
+    /// Alternated within one run (`airs bench decode --prompt-tokens 16 --gen-tokens 512`, a
+    /// throwaway build switching the cost between 1 and 8), steps took 1-4 % less time with 8
+    /// in every window of 256 on Qwen2.5 and TinyLlama Q4_K_M (BENCHMARKS.md). stories260K's
+    /// attention (8 heads of 8 values) stays inline up to 2,047 positions of its 2,048.
     pub(crate) const F32_MAC_COST: usize = 8;
 
     /// Attention that reads `bytes` of K and V rows and does `f32_macs` f32 multiply-adds.
