@@ -202,7 +202,7 @@ fn run_sessions(
         &PagedKvConfig {
             pool_bytes,
             tokens_per_block: args.tokens_per_block,
-            pin: Default::default(),
+            ..PagedKvConfig::new(pool_bytes)
         },
     )?;
     for notice in pool.memory().notices() {
@@ -303,9 +303,8 @@ fn compare_decode(
         shape,
         args.kv_type,
         &PagedKvConfig {
-            pool_bytes: (total.div_ceil(tpb) + 1) * tpb * bytes_per_token,
             tokens_per_block: args.tokens_per_block,
-            pin: Default::default(),
+            ..PagedKvConfig::new((total.div_ceil(tpb) + 1) * tpb * bytes_per_token)
         },
     )?;
     let mut paged = PagedKv::new_sequence(&pool, None);

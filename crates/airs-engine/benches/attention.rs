@@ -6,6 +6,10 @@
 //! The cache holds several layers so that a layer's rows are not in cache from the previous
 //! call (each call visits the next layer, as a decode step does).
 //!
+//! Each case runs on a pool of transparent huge pages (`huge`, the product's default) and of
+//! base pages (`base`), one after the other; the last column is how much of the pool the
+//! kernel put on huge pages.
+//!
 //! `AIRS_BENCH_QUERIES=Q` (1..=16, default 1) attends Q consecutive prompt rows at once, as a
 //! prefill block does (`KvCache::attend_queries`, the last row at the last cached position,
 //! each row causal); the GFLOP/s column counts the scores' and the weighted sum's
@@ -23,8 +27,10 @@ use airs_engine::{KvCache, KvShape, KvType, PagedKv, PagedKvConfig, PagedKvPool}
 const SHAPES: [(&str, usize, usize); 3] =
     [("tinyllama", 64, 8), ("qwen2.5", 64, 7), ("gemma3", 256, 4)];
 
-/// Layers cycled through (the cache far exceeds L2 at long contexts, as in a real step).
-const LAYERS: usize = 16;
+/// Layers cycled through (the cache far exceeds L2 at long contexts, as in a real step), each
+/// of one KV head: 48, so that a block's bytes are those of a real file's block (Qwen2.5-0.5B:
+/// 24 layers of 2 KV heads; each call reads one short run of every block, as a layer does).
+const LAYERS: usize = 48;
 
 fn floats(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -67,17 +73,21 @@ fn main() {
         .collect();
     let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
     println!(
-        "{:<36} {:>10} {:>10} {:>8} {:>8}",
+        "{:<36} {:>10} {:>10} {:>8} {:>8} {:>9}",
         format!("case (single thread, {queries} queries)"),
         "µs/call",
         "ns/pos",
         "GB/s",
-        "GFLOP/s"
+        "GFLOP/s",
+        "huge MiB"
     );
     for (name, head_dim, group) in SHAPES {
         for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
-            for context in [256usize, 2048, 8192] {
-                let label = format!("{name} {} {context}", ty.name());
+            for (context, pages) in [256usize, 1024, 2048, 4096, 8192]
+                .into_iter()
+                .flat_map(|c| [(c, "huge"), (c, "base")])
+            {
+                let label = format!("{name} {} {context} {pages}", ty.name());
                 if !wanted(&label) {
                     continue;
                 }
@@ -88,7 +98,11 @@ fn main() {
                 };
                 let row_bytes = ty.row_bytes(head_dim).unwrap();
                 let pool_bytes = 2 * LAYERS * (context + 16) * row_bytes;
-                let pool = PagedKvPool::new(shape, ty, &PagedKvConfig::new(pool_bytes)).unwrap();
+                let config = PagedKvConfig {
+                    huge_pages: pages == "huge",
+                    ..PagedKvConfig::new(pool_bytes)
+                };
+                let pool = PagedKvPool::new(shape, ty, &config).unwrap();
                 let mut kv = PagedKv::new_sequence(&pool, None);
                 kv.reserve(context).unwrap();
                 for layer in 0..LAYERS {
@@ -97,6 +111,7 @@ fn main() {
                     kv.store(layer, 0, &k, &v);
                 }
                 kv.set_len(context);
+                let huge_mib = pool.memory().residency().huge_page_bytes >> 20;
                 let q = floats(queries * group * head_dim, 99);
                 let mut out = vec![0f32; queries * group * head_dim];
                 let mut scores = vec![0f32; queries * group * context];
@@ -146,7 +161,7 @@ fn main() {
                 let attended: usize = (0..queries).map(|i| context - queries + 1 + i).sum();
                 let flops = 4 * head_dim * group * attended;
                 println!(
-                    "{label:<36} {:>10.2} {:>10.1} {:>8.2} {:>8.1}",
+                    "{label:<36} {:>10.2} {:>10.1} {:>8.2} {:>8.1} {huge_mib:>9}",
                     best * 1e6,
                     best * 1e9 / context as f64,
                     bytes as f64 / best / 1e9,

@@ -43,6 +43,8 @@ pub struct PagedKvConfig {
     /// Positions per block.
     pub tokens_per_block: u32,
     pub pin: PinPolicy,
+    /// The pool's memory on transparent huge pages ([`KvPoolConfig::huge_pages`]).
+    pub huge_pages: bool,
 }
 
 impl PagedKvConfig {
@@ -52,6 +54,7 @@ impl PagedKvConfig {
             pool_bytes,
             tokens_per_block: airs_memory::DEFAULT_TOKENS_PER_BLOCK,
             pin: PinPolicy::default(),
+            huge_pages: true,
         }
     }
 }
@@ -125,6 +128,7 @@ impl PagedKvPool {
             bytes_per_token,
             tokens_per_block: config.tokens_per_block,
             pin: config.pin,
+            huge_pages: config.huge_pages,
         };
         let pool = match account {
             None => KvPool::new(pool_config),

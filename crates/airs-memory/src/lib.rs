@@ -54,7 +54,7 @@ pub use error::{ErrorKind, MemoryError, Result};
 pub use huge_buffer::HugePageBuffer;
 pub use kv_pool::{
     BlockId, BlockTable, DEFAULT_TOKENS_PER_BLOCK, KvPool, KvPoolConfig, KvPoolCounters,
-    KvPoolStats, PinPolicy, PoolExhausted,
+    KvPoolResidency, KvPoolStats, PinPolicy, PoolExhausted,
 };
 pub use layout::{RegionLayout, Span, SpanKind};
 pub use lazy::CHUNK_BUFFERS as LAZY_CHUNK_BUFFERS;

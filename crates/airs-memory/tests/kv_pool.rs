@@ -10,7 +10,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use airs_memory::{BlockTable, KvPool, KvPoolConfig, PinPolicy};
+use airs_memory::{
+    BlockTable, KvPool, KvPoolConfig, NoticeKind, PinPolicy, ThpMode, huge_page_size, page_size,
+    thp_mode,
+};
 use proptest::prelude::*;
 
 const ROW: usize = 8;
@@ -161,6 +164,7 @@ fn run(ops: Vec<Op>, tokens_per_block: u32, blocks: usize) -> Result<(), TestCas
         bytes_per_token: ROW,
         tokens_per_block,
         pin: PinPolicy::None,
+        huge_pages: false,
     })
     .unwrap();
     let mut seqs: Vec<Seq> = Vec::new();
@@ -284,6 +288,7 @@ fn eight_blocks_of_four() -> Arc<KvPool> {
         bytes_per_token: ROW,
         tokens_per_block: 4,
         pin: PinPolicy::None,
+        huge_pages: false,
     })
     .unwrap()
 }
@@ -358,10 +363,53 @@ fn pinning_is_done_or_reported() {
             bytes_per_token: 4096,
             tokens_per_block: 16,
             pin,
+            huge_pages: true,
         })
         .unwrap();
         assert!(pool.pinned() || !pool.notices().is_empty(), "{pin:?}");
         assert_eq!(pool.blocks_total(), 1024);
+    }
+}
+
+#[test]
+fn the_pool_is_on_huge_pages_where_the_kernel_allows_and_says_why_not_elsewhere() {
+    let usable = matches!(thp_mode(), ThpMode::Always | ThpMode::Madvise)
+        && huge_page_size() > page_size();
+    for huge_pages in [true, false] {
+        let pool = KvPool::new(KvPoolConfig {
+            pool_bytes: 16 << 20,
+            bytes_per_token: 4096,
+            tokens_per_block: 16,
+            pin: PinPolicy::None,
+            huge_pages,
+        })
+        .unwrap();
+        // 8 MiB written through a table, block by block.
+        let mut table = pool.new_table(None);
+        table.reserve(2048).unwrap();
+        for b in 0..table.blocks().len() {
+            table.block_mut(b).fill(b as u8 | 1);
+        }
+        table.commit(2048);
+        let residency = pool.residency();
+        let said = pool
+            .notices()
+            .iter()
+            .any(|n| n.kind == NoticeKind::NoHugePages);
+        if huge_pages && usable {
+            // Faults in a MADV_HUGEPAGE range take huge pages while the kernel has them.
+            assert!(
+                residency.huge_page_bytes >= 4 << 20 && !said,
+                "{residency:?} {:?}",
+                pool.notices()
+            );
+        } else if huge_pages {
+            assert!(said, "no notice without huge pages: {:?}", pool.notices());
+        } else {
+            assert_eq!(residency.huge_page_bytes, 0, "{residency:?}");
+        }
+        assert!(residency.resident_bytes >= 8 << 20, "{residency:?}");
+        drop(table);
     }
 }
 

@@ -192,6 +192,7 @@ pub fn scheduler_charges(
         bytes_per_token: per_token,
         tokens_per_block: config.tokens_per_block,
         pin: config.pin,
+        huge_pages: config.kv_huge_pages,
     };
     let kv_bytes =
         KvPool::mapped_bytes(&pool_config).map_err(|e| RuntimeError::invalid(e.to_string()))?;

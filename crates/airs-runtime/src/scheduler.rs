@@ -124,6 +124,8 @@ pub struct SchedulerConfig {
     /// Positions per KV block.
     pub tokens_per_block: u32,
     pub pin: PinPolicy,
+    /// The KV pool on transparent huge pages (`airs_memory::KvPoolConfig::huge_pages`).
+    pub kv_huge_pages: bool,
     /// Most rows (decode tokens plus prefill chunks) one step computes.
     pub step_tokens: usize,
     /// Most sequences running at once (decoding or prefilling).
@@ -148,6 +150,7 @@ impl SchedulerConfig {
             kv_type: KvType::F16,
             tokens_per_block: airs_memory::DEFAULT_TOKENS_PER_BLOCK,
             pin: PinPolicy::default(),
+            kv_huge_pages: true,
             step_tokens: 512,
             max_running: 16,
             max_waiting: 64,
@@ -499,6 +502,7 @@ impl Scheduler {
                 pool_bytes: config.kv_pool_bytes,
                 tokens_per_block: config.tokens_per_block,
                 pin: config.pin,
+                huge_pages: config.kv_huge_pages,
             },
             model.pool(),
         )?;

@@ -30,6 +30,7 @@ pub fn pool(model: &Model, ty: KvType, tokens_per_block: u32, blocks: usize) -> 
         pool_bytes: blocks * tokens_per_block as usize * bytes_per_token,
         tokens_per_block,
         pin: PinPolicy::None,
+        huge_pages: true,
     };
     PagedKvPool::new(shape(model), ty, &config).unwrap()
 }
