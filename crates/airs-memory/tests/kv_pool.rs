@@ -373,8 +373,8 @@ fn pinning_is_done_or_reported() {
 
 #[test]
 fn the_pool_is_on_huge_pages_where_the_kernel_allows_and_says_why_not_elsewhere() {
-    let usable = matches!(thp_mode(), ThpMode::Always | ThpMode::Madvise)
-        && huge_page_size() > page_size();
+    let usable =
+        matches!(thp_mode(), ThpMode::Always | ThpMode::Madvise) && huge_page_size() > page_size();
     for huge_pages in [true, false] {
         let pool = KvPool::new(KvPoolConfig {
             pool_bytes: 16 << 20,
