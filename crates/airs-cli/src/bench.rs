@@ -7,7 +7,8 @@
 //! weight bandwidth is reported as a fraction of the faster of the two.
 //!
 //! With `--alternate-chunks A,B`, one setting of the engine takes two values step by step
-//! within the run ([`crate::bench_alternate`]), which compares them under the same placements.
+//! within the run ([`crate::bench_alternate`]), which compares them under the same placements;
+//! `--alternate-kv-pages` does the same for two KV pools, on huge and on base pages.
 //!
 //! With `--placement`, every repetition is bracketed by `airs bench host`'s read probes (one
 //! thread, then all: `airs_engine::cores`), and decode is reported per placement against the
@@ -15,6 +16,7 @@
 //! one path to memory and two, and a decode at the memory's pace follows it (BENCHMARKS.md).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use airs_engine::{KvType, Sharing, probe_read_bandwidth, probe_read_placement};
@@ -58,6 +60,11 @@ pub struct BenchDecodeArgs {
     /// two settings compared under the same placements (`A,B`, e.g. `2,8`).
     #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
     pub alternate_chunks: Option<Vec<usize>>,
+    /// Decode the prompt on two KV pools at once, one on transparent huge pages (A) and one on
+    /// base pages (B), a step of one and then of the other (A B B A …), and report each pool's
+    /// step time per window of 256 steps: the two compared under the same placements.
+    #[arg(long, conflicts_with_all = ["alternate_chunks", "placement"])]
+    pub alternate_kv_pages: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -183,6 +190,114 @@ pub fn greedy_request(
     result.unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))
 }
 
+/// `--alternate-kv-pages`: per repetition, the same greedy request on two schedulers sharing the
+/// model, one whose KV pool is on huge pages (A) and one on base pages (B); both prefill
+/// (untimed), then their decode steps alternate A B B A …, timed by an [`Alternation`] whose
+/// setting picks the scheduler that steps next. The two sequences stay within two positions of
+/// each other, so both attend over the same lengths; their tokens must be the same.
+fn alternate_kv_pages(
+    model: &Arc<LoadedModel>,
+    prompt: &[u32],
+    args: &BenchDecodeArgs,
+) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let pick = Arc::clone(&next);
+    let mut alternation = Alternation::new(
+        "KV pool on huge pages (1) or base pages (0)",
+        [1, 0],
+        Box::new(move |huge| pick.store(usize::from(huge == 0), Ordering::Relaxed)),
+    );
+    let mut notes = Vec::new();
+    let mut identical = true;
+    for _ in 0..args.reps.max(1) {
+        let mut runs = Vec::new();
+        for huge_pages in [true, false] {
+            let mut config =
+                single_sequence_config(&model.shape, prompt.len() + args.gen_tokens, args.kv_type)?;
+            config.kv_huge_pages = huge_pages;
+            let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+            notes.extend(
+                scheduler
+                    .kv_pool()
+                    .memory()
+                    .notices()
+                    .iter()
+                    .map(|n| n.to_string()),
+            );
+            let tokens = Arc::new(Mutex::new(Vec::new()));
+            let seen = Arc::clone(&tokens);
+            let params = GenerationParams {
+                max_tokens: args.gen_tokens,
+                ignore_eos: true,
+                ..GenerationParams::default()
+            };
+            scheduler.submit(
+                Request::generate(Prompt::Tokens(prompt.to_vec()), params),
+                Box::new(move |event| {
+                    if let Event::Token(t) = event {
+                        seen.lock().unwrap().push(t.id);
+                    }
+                    true
+                }),
+            )?;
+            // The prefill, untimed: up to the first token.
+            while tokens.lock().unwrap().is_empty() && scheduler.has_work() {
+                scheduler.step();
+            }
+            runs.push((scheduler, tokens));
+        }
+        loop {
+            alternation.begin_step();
+            let (scheduler, tokens) = &mut runs[next.load(Ordering::Relaxed)];
+            if !scheduler.has_work() {
+                break;
+            }
+            let before = tokens.lock().unwrap().len();
+            scheduler.step();
+            alternation.end_step(tokens.lock().unwrap().len() > before);
+        }
+        alternation.end_request();
+        for (scheduler, _) in &mut runs {
+            scheduler.run_to_completion();
+        }
+        let [a, b] = [&runs[0].1, &runs[1].1].map(|t| t.lock().unwrap().clone());
+        identical &= a.len() == args.gen_tokens && a == b;
+    }
+    if args.json {
+        let report = json!({
+            "model": model.name,
+            "threads": model.runtime.pool.threads(),
+            "kv_type": args.kv_type.name(),
+            "prompt_tokens": args.prompt_tokens,
+            "gen_tokens": args.gen_tokens,
+            "notes": notes,
+            "identical": identical,
+            "alternation": alternation.json(),
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} threads ({:?}), kv {} paged, loader {}, pp{} then tg{} on two pools",
+        model.name,
+        model.runtime.pool.threads(),
+        model.runtime.isa,
+        args.kv_type.name(),
+        model.loader_name(),
+        args.prompt_tokens,
+        args.gen_tokens
+    );
+    for note in notes {
+        println!("  note: {note}");
+    }
+    println!(
+        "  the two pools' tokens: {}",
+        if identical { "identical" } else { "DIFFERENT" }
+    );
+    alternation.print("decode steps", false);
+    Ok(())
+}
+
 pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
     // The weights in this machine's model pool; each repetition's KV pool and scratch too.
     let registry = crate::pool_args::PoolArgs::default().registry()?;
@@ -213,6 +328,9 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         )))
     });
     let prompt = prompt_tokens(&model, args.prompt_tokens);
+    if args.alternate_kv_pages {
+        return alternate_kv_pages(&model, &prompt, &args);
+    }
     let probe = |runtime: &airs_engine::Runtime| {
         (args.probe_mib > 0).then(|| {
             probe_read_bandwidth(&runtime.pool, runtime.isa, args.probe_mib << 20, 5)
@@ -340,7 +458,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(alt) = &alternation {
-            alt.lock().unwrap().print("decode steps");
+            alt.lock().unwrap().print("decode steps", true);
         }
     }
     Ok(())

@@ -142,13 +142,19 @@ impl Alternation {
         })
     }
 
-    /// The report, under the heading `what` (the steps compared).
-    pub fn print(&self, what: &str) {
+    /// The report, under the heading `what` (the steps compared); `mixed`: figures printed
+    /// above it mix both settings.
+    pub fn print(&self, what: &str, mixed: bool) {
         let [a, b] = self.values;
         println!(
             "  alternation, {what}: {} {a} (A) and {b} (B), switched before every step (A B B \
-             A), windows of {WINDOW_STEPS} steps; the figures above mix both",
-            self.setting
+             A), windows of {WINDOW_STEPS} steps{}",
+            self.setting,
+            if mixed {
+                "; the figures above mix both"
+            } else {
+                ""
+            }
         );
         println!("    window  steps A+B  A ms/step  B ms/step     B/A");
         for (i, w) in self.windows.iter().enumerate() {

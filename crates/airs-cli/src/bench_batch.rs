@@ -684,7 +684,7 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
     if !args.json {
         for (&n, alt) in args.sessions.iter().zip(&alternations) {
             if let Some(alt) = alt {
-                alt.print(&format!("{n} sessions' steps"));
+                alt.print(&format!("{n} sessions' steps"), true);
             }
         }
     }

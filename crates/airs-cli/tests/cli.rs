@@ -751,10 +751,9 @@ fn window_steps(window: &Value) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
-    // 300 tokens: a window of 256 decode steps and one of the request's last 43.
-    let v = json_of(&[
+/// `airs bench decode --json` of 300 tokens after 8 on 2 threads, once, with `extra` arguments.
+fn bench_decode_300_tokens(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "bench",
         "decode",
         "--prompt-tokens",
@@ -765,12 +764,16 @@ fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
         "1",
         "--threads",
         "2",
-        "--probe-mib",
-        "0",
-        "--alternate-chunks",
-        "1,4",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    json_of(&args)
+}
+
+#[test]
+fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
+    // 300 tokens: a window of 256 decode steps and one of the request's last 43.
+    let v = bench_decode_300_tokens(&["--probe-mib", "0", "--alternate-chunks", "1,4"]);
     let alt = &v["alternation"];
     assert_eq!(
         (alt["a"].as_u64(), alt["b"].as_u64()),
@@ -807,6 +810,38 @@ fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
     let out = airs(&["bench", "decode", "--alternate-chunks", "0,2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
+}
+
+#[test]
+fn bench_decode_alternates_kv_pools_on_huge_and_base_pages_with_identical_tokens() {
+    // 300 tokens on each pool: 299 decode steps each, alternated in windows of 256 steps.
+    let v = bench_decode_300_tokens(&["--alternate-kv-pages"]);
+    assert_eq!(v["identical"].as_bool(), Some(true), "{v}");
+    let alt = &v["alternation"];
+    assert_eq!(
+        (alt["a"].as_u64(), alt["b"].as_u64()),
+        (Some(1), Some(0)),
+        "{v}"
+    );
+    let windows = alt["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 3, "{v}");
+    assert_eq!(window_steps(&windows[0]), [128, 128], "{v}");
+    assert_eq!(window_steps(&windows[1]), [128, 128], "{v}");
+    // The loop ends when the next pool to step has finished: the other is one step short.
+    let last: u64 = window_steps(&windows[2]).iter().sum();
+    assert!((2 * 299 - 512 - 1..=2 * 299 - 512).contains(&last), "{v}");
+    assert!(
+        alt["b_over_a_median"].as_f64().is_some_and(|m| m > 0.0),
+        "{v}"
+    );
+    let out = airs(&[
+        "bench",
+        "decode",
+        "--alternate-kv-pages",
+        "--alternate-chunks",
+        "1,2",
+    ]);
+    assert!(!out.status.success());
 }
 
 #[test]

@@ -12,10 +12,11 @@
 //! crate does. The mapping asks for transparent huge pages ([`KvPoolConfig::huge_pages`], on by
 //! default): attention reads one short run of each block per layer (2 KiB of K, 2 KiB of V for
 //! a 64-value head), so on base pages every run of a long context is a TLB miss and a page
-//! walk. One query of a Qwen2.5-shaped layer with a layer's weights streamed between calls
-//! took 15-25 % less time at 2,048-4,096 positions and 5-15 % less at 8,192, and ~9 % more at
-//! 1,024 (BENCHMARKS.md, "The KV pool on huge pages"). The cost: resident memory grows 2 MiB at
-//! a time instead of a block at a time (the budget charged is the same). "Eviction" of a block is its
+//! walk. Whole decode steps, alternated step by step between two pools in one run (`airs bench
+//! decode --alternate-kv-pages`), took 1-4 % less time on huge pages at 1,000-2,500 positions
+//! and 5 % less at 3,500-4,000 (Qwen2.5-0.5B, TinyLlama-1.1B), the same at short contexts
+//! (BENCHMARKS.md, "The KV pool on huge pages"). The cost: resident memory grows 2 MiB at a
+//! time instead of a block at a time (the budget charged is the same). "Eviction" of a block is its
 //! return to the free list (the design README): cached prefix blocks nobody references are
 //! reclaimed least-recently-used when the free list is empty.
 //!
