@@ -147,6 +147,17 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// The benchmarks' request: `gen_tokens` drawn greedily after `prompt`, end-of-generation
+/// ignored.
+fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
+    let params = GenerationParams {
+        max_tokens: gen_tokens,
+        ignore_eos: true,
+        ..GenerationParams::default()
+    };
+    Request::generate(Prompt::Tokens(prompt.to_vec()), params)
+}
+
 /// Generate `gen_tokens` greedily after `prompt` as one request on a fresh scheduler (a KV pool
 /// of exactly what the sequence needs); returns the request's timings.
 pub fn greedy_request(
@@ -158,16 +169,11 @@ pub fn greedy_request(
 ) -> anyhow::Result<Completion> {
     let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
     let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
-    let params = GenerationParams {
-        max_tokens: gen_tokens,
-        ignore_eos: true,
-        ..GenerationParams::default()
-    };
     let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
     let d = Arc::clone(&done);
     let alt = alternation.cloned();
     let id = scheduler.submit(
-        Request::generate(Prompt::Tokens(prompt.to_vec()), params),
+        greedy(prompt, gen_tokens),
         Box::new(move |event| {
             match event {
                 Event::Token(_) => {
@@ -226,13 +232,8 @@ fn alternate_kv_pages(
             );
             let tokens = Arc::new(Mutex::new(Vec::new()));
             let seen = Arc::clone(&tokens);
-            let params = GenerationParams {
-                max_tokens: args.gen_tokens,
-                ignore_eos: true,
-                ..GenerationParams::default()
-            };
             scheduler.submit(
-                Request::generate(Prompt::Tokens(prompt.to_vec()), params),
+                greedy(prompt, args.gen_tokens),
                 Box::new(move |event| {
                     if let Event::Token(t) = event {
                         seen.lock().unwrap().push(t.id);

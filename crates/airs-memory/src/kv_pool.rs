@@ -49,7 +49,7 @@ use crate::account::{ModelPool, PoolCharge, PoolUse};
 use crate::error::{ErrorKind, MemoryError, Result};
 use crate::prefix::{NodeId, PrefixIndex};
 use crate::region::{Notice, NoticeKind, errno_name};
-use crate::sys::{self, AnonMapping, ThpMode};
+use crate::sys::{self, AnonMapping};
 
 /// Positions per block unless configured otherwise (vLLM's default).
 pub const DEFAULT_TOKENS_PER_BLOCK: u32 = 16;
@@ -350,9 +350,8 @@ impl KvPool {
         let block_bytes = config.block_bytes();
         let blocks = bytes / block_bytes;
         let blocks_total = blocks as u32;
-        let huge_pages = config.huge_pages
-            && matches!(sys::thp_mode(), ThpMode::Always | ThpMode::Madvise)
-            && sys::huge_page_size() > sys::page_size();
+        let huge_pages =
+            config.huge_pages && sys::thp_usable() && sys::huge_page_size() > sys::page_size();
         let align = if huge_pages {
             sys::huge_page_size()
         } else {

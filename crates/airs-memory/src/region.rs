@@ -259,7 +259,7 @@ impl FinalizeOptions {
 
 /// Whether huge pages may be used (not forced off, THP not `never`/absent).
 pub(crate) fn huge_pages_usable(o: &FinalizeOptions) -> bool {
-    !o.force_no_thp && matches!(sys::thp_mode(), ThpMode::Always | ThpMode::Madvise)
+    !o.force_no_thp && sys::thp_usable()
 }
 
 /// Turns a filled anonymous region into model memory: huge pages, read-only, pinned.

@@ -52,6 +52,11 @@ pub fn thp_mode() -> ThpMode {
     }
 }
 
+/// Whether a `MADV_HUGEPAGE` range may get huge pages: THP `always` or `madvise`.
+pub(crate) fn thp_usable() -> bool {
+    matches!(thp_mode(), ThpMode::Always | ThpMode::Madvise)
+}
+
 fn parse_thp_mode(s: &str) -> ThpMode {
     let selected = s
         .split_whitespace()
