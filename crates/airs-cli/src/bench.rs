@@ -10,6 +10,9 @@
 //! within the run ([`crate::bench_alternate`]), which compares them under the same placements;
 //! `--alternate-kv-pages` does the same for two KV pools, on huge and on base pages.
 //!
+//! With `--probe-steps`, one pass of the read probe runs between every two decode steps and
+//! each step is weighed against the passes around it ([`crate::bench_probe_steps`]).
+//!
 //! With `--placement`, every repetition is bracketed by `airs bench host`'s read probes (one
 //! thread, then all: `airs_engine::cores`), and decode is reported per placement against the
 //! all-threads bandwidth probed around it: a virtual machine's host moves its vCPUs between
@@ -19,13 +22,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use airs_engine::{KvType, Sharing, probe_read_bandwidth, probe_read_placement};
+use airs_engine::{KvType, ReadProbe, Sharing, probe_read_bandwidth, probe_read_placement};
 use airs_runtime::fit::single_sequence_config;
 use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
 use crate::bench_alternate::{Alternation, chunk_counts};
+use crate::bench_probe_steps::{self as probe_steps, probed_request};
 use crate::model_file::{LoaderArgs, default_threads, load};
 
 #[derive(clap::Args, Debug)]
@@ -65,6 +69,11 @@ pub struct BenchDecodeArgs {
     /// step time per window of 256 steps: the two compared under the same placements.
     #[arg(long, conflicts_with_all = ["alternate_chunks", "placement"])]
     pub alternate_kv_pages: bool,
+    /// Run one pass of the read probe (--probe-mib) between every two decode steps and report
+    /// each step's weight bandwidth against the passes just before and after it (median, 10th
+    /// and 90th percentile over the steps); decode's tokens/s are then its steps' own time.
+    #[arg(long, conflicts_with_all = ["alternate_chunks", "alternate_kv_pages", "placement"])]
+    pub probe_steps: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -149,7 +158,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 /// The benchmarks' request: `gen_tokens` drawn greedily after `prompt`, end-of-generation
 /// ignored.
-fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
+pub(crate) fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
     let params = GenerationParams {
         max_tokens: gen_tokens,
         ignore_eos: true,
@@ -318,8 +327,8 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
          {context}"
     );
     anyhow::ensure!(
-        !args.placement || args.probe_mib > 0,
-        "--placement probes --probe-mib MiB: give a positive size"
+        !(args.placement || args.probe_steps) || args.probe_mib > 0,
+        "--placement and --probe-steps probe --probe-mib MiB: give a positive size"
     );
     let alternation = chunk_counts(args.alternate_chunks.as_deref())?.map(|[a, b]| {
         let m = Arc::clone(&model);
@@ -347,20 +356,32 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         let runtime = &model.runtime;
         probe_read_placement(&runtime.pool, runtime.isa, args.probe_mib << 20, 3)
     };
+    let step_probe = args
+        .probe_steps
+        .then(|| ReadProbe::new(&model.runtime.pool, model.runtime.isa, args.probe_mib << 20));
+    let mut probed_steps = Vec::new();
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut placed: Vec<Placed> = Vec::new();
     for _ in 0..args.reps.max(1) {
         let before = args.placement.then(probe_placement);
-        let done = greedy_request(
-            &model,
-            &prompt,
-            args.gen_tokens,
-            args.kv_type,
-            alternation.as_ref(),
-        )?;
+        let done = if let Some(probe) = &step_probe {
+            let run = probed_request(&model, &prompt, args.gen_tokens, args.kv_type, probe)?;
+            decode.push(probe_steps::decode_tokens_per_s(&run.steps));
+            probed_steps.extend(run.steps);
+            run.completion
+        } else {
+            let done = greedy_request(
+                &model,
+                &prompt,
+                args.gen_tokens,
+                args.kv_type,
+                alternation.as_ref(),
+            )?;
+            decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
+            done
+        };
         let ttft = done.time_to_first_token.unwrap_or_default();
         prefill.push(prompt.len() as f64 / ttft.as_secs_f64().max(1e-9));
-        decode.push(done.decode_tokens as f64 / done.decode_time.as_secs_f64().max(1e-9));
         if let Some(before) = before {
             let after = probe_placement();
             let path = Sharing::bracketing(before.read_path(), after.read_path());
@@ -372,6 +393,9 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
     let placement = args
         .placement
         .then(|| by_placement(&placed, &decode, bytes_per_token));
+    let stepwise = args
+        .probe_steps
+        .then(|| probe_steps::summary(&probed_steps, bytes_per_token, args.probe_mib));
     let prefill_tps = median(&mut prefill);
     let decode_tps = median(&mut decode);
     let probe_after = probe(&model.runtime);
@@ -399,6 +423,7 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
             "read_probe_gb_per_s": [probe_before, probe_after],
             "decode_fraction_of_probe": probe_gbps.map(|p| gbps / p),
             "placement": placement,
+            "probe_steps": stepwise,
             "alternation": alternation.as_ref().map(|a| a.lock().unwrap().json()),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -434,6 +459,20 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
                  → decode at {:.0}% of it",
                 args.probe_mib,
                 100.0 * gbps / best
+            );
+        }
+        if let Some(s) = &stepwise {
+            let f = |key: &str| 100.0 * s[key].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "  between steps: read probe {:.1} GB/s (median of the passes, {} MiB) → decode at \
+                 {:.0}% of the passes around each step (median of {} steps; 10th-90th percentile \
+                 {:.0}-{:.0}%)",
+                s["read_probe_gb_per_s_median"].as_f64().unwrap_or(f64::NAN),
+                args.probe_mib,
+                f("decode_fraction_median"),
+                s["steps"],
+                f("decode_fraction_p10"),
+                f("decode_fraction_p90"),
             );
         }
         if let Some(p) = &placement {

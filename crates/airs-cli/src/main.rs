@@ -7,6 +7,7 @@ mod bench_draft;
 mod bench_host;
 mod bench_kv;
 mod bench_load;
+mod bench_probe_steps;
 mod bench_sessions;
 mod fit;
 mod gen_model;

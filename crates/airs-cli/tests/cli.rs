@@ -741,6 +741,52 @@ fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() 
     assert!(String::from_utf8_lossy(&out.stderr).contains("--probe-mib"));
 }
 
+#[test]
+fn bench_decode_weighs_each_step_against_the_read_probe_passes_around_it() {
+    let v = json_of(&[
+        "bench",
+        "decode",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "20",
+        "--reps",
+        "2",
+        "--threads",
+        "2",
+        "--probe-mib",
+        "8",
+        "--probe-steps",
+        "--json",
+    ]);
+    let s = &v["probe_steps"];
+    // 19 decode steps a repetition (the first token ends the prefill).
+    assert_eq!(s["steps"].as_u64(), Some(2 * 19), "{v}");
+    assert_eq!(s["probe_mib"].as_u64(), Some(8), "{v}");
+    let f = |key: &str| s[key].as_f64().unwrap();
+    assert!(f("read_probe_gb_per_s_median") > 0.0, "{v}");
+    assert!(
+        0.0 < f("decode_fraction_p10")
+            && f("decode_fraction_p10") <= f("decode_fraction_median")
+            && f("decode_fraction_median") <= f("decode_fraction_p90"),
+        "{v}"
+    );
+    // Decode's rate is its steps' own: both repetitions measured, the passes left out.
+    let decode: Vec<f64> = v["decode_tokens_per_s_all"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_f64().unwrap())
+        .collect();
+    assert_eq!(decode.len(), 2, "{v}");
+    assert!(decode.iter().all(|&r| r > 0.0), "{v}");
+    let out = airs(&["bench", "decode", "--probe-steps", "--probe-mib", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--probe-mib"));
+    let out = airs(&["bench", "decode", "--probe-steps", "--alternate-kv-pages"]);
+    assert!(!out.status.success());
+}
+
 /// Steps of each setting (A, B) in one window of an `alternation` report.
 fn window_steps(window: &Value) -> Vec<u64> {
     window["steps"]

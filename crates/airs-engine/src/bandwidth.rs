@@ -36,6 +36,74 @@ pub struct ReadBandwidth {
     pub threads: usize,
 }
 
+/// A read probe's buffer, touched and ready: [`ReadProbe::pass`] streams it once with every
+/// thread of the pool it was made for. [`probe_read_bandwidth`] makes one for a few passes;
+/// `airs bench decode --probe-steps` keeps one and runs a pass between every two decode steps,
+/// so each step is compared with what the memory gave a moment before and after it.
+pub struct ReadProbe {
+    buffer: HugePageBuffer,
+    part_bytes: usize,
+    threads: usize,
+    isa: Isa,
+}
+
+impl ReadProbe {
+    /// A buffer of about `buffer_bytes` (at least 4 KiB a thread, whole cache lines), one
+    /// contiguous part per thread of `pool`, first touched by the thread that will read it.
+    pub fn new(pool: &ThreadPool, isa: Isa, buffer_bytes: usize) -> ReadProbe {
+        let threads = pool.threads();
+        let part_bytes = (buffer_bytes / threads).max(4096) / 64 * 64;
+        let total = part_bytes * threads;
+        // On huge pages where the host gives them, as the weights are: on base pages one thread
+        // read 14-35 % less here (module docs of `airs_memory::HugePageBuffer`).
+        let mut buffer = HugePageBuffer::new(total)
+            .unwrap_or_else(|e| panic!("the read probe's {total}-byte buffer: {e}"));
+        {
+            let writer = DisjointOut::new(buffer.as_mut_slice());
+            pool.run(&|t| {
+                // SAFETY: thread t writes only its own part [t·part, (t+1)·part).
+                let part = unsafe { writer.slice(t * part_bytes..(t + 1) * part_bytes) };
+                for (i, b) in part.iter_mut().enumerate() {
+                    *b = (i as u8) ^ (t as u8);
+                }
+            });
+        }
+        ReadProbe {
+            buffer,
+            part_bytes,
+            threads,
+            isa,
+        }
+    }
+
+    /// Bytes one pass reads.
+    pub fn buffer_bytes(&self) -> usize {
+        self.part_bytes * self.threads
+    }
+
+    /// `passes` (at least one) timed passes on `pool` (the pool it was made for).
+    fn passes(&self, pool: &ThreadPool, passes: usize) -> PassRates {
+        assert_eq!(
+            pool.threads(),
+            self.threads,
+            "a read probe runs on its own pool"
+        );
+        let buffer = self.buffer.as_slice();
+        let sink = AtomicU64::new(0);
+        let rates = timed_passes(pool, passes, self.buffer_bytes() as f64, &|t| {
+            let part = &buffer[t * self.part_bytes..(t + 1) * self.part_bytes];
+            sink.fetch_xor(airs_kernels::xor_fold(self.isa, part), Ordering::Relaxed);
+        });
+        black_box(sink.load(Ordering::Relaxed));
+        rates
+    }
+
+    /// One timed pass: bytes read per second by all threads together.
+    pub fn pass(&self, pool: &ThreadPool) -> f64 {
+        self.passes(pool, 1).median
+    }
+}
+
 /// Stream a `buffer_bytes` buffer `passes` times with every thread of `pool` (each its own
 /// part) and report the read bandwidth.
 pub fn probe_read_bandwidth(
@@ -44,37 +112,14 @@ pub fn probe_read_bandwidth(
     buffer_bytes: usize,
     passes: usize,
 ) -> ReadBandwidth {
-    let threads = pool.threads();
-    let part_bytes = (buffer_bytes / threads).max(4096) / 64 * 64;
-    let total = part_bytes * threads;
-    // On huge pages where the host gives them, as the weights are: on base pages one thread
-    // read 14-35 % less here (module docs of `airs_memory::HugePageBuffer`).
-    let mut buffer = HugePageBuffer::new(total)
-        .unwrap_or_else(|e| panic!("the read probe's {total}-byte buffer: {e}"));
-    {
-        // First touch by the thread that will read each part.
-        let writer = DisjointOut::new(buffer.as_mut_slice());
-        pool.run(&|t| {
-            // SAFETY: thread t writes only its own part [t·part, (t+1)·part).
-            let part = unsafe { writer.slice(t * part_bytes..(t + 1) * part_bytes) };
-            for (i, b) in part.iter_mut().enumerate() {
-                *b = (i as u8) ^ (t as u8);
-            }
-        });
-    }
-    let buffer = buffer.as_slice();
-    let sink = AtomicU64::new(0);
-    let rates = timed_passes(pool, passes, total as f64, &|t| {
-        let part = &buffer[t * part_bytes..(t + 1) * part_bytes];
-        sink.fetch_xor(airs_kernels::xor_fold(isa, part), Ordering::Relaxed);
-    });
-    black_box(sink.load(Ordering::Relaxed));
+    let probe = ReadProbe::new(pool, isa, buffer_bytes);
+    let rates = probe.passes(pool, passes);
     ReadBandwidth {
         median_bytes_per_s: rates.median,
         best_bytes_per_s: rates.best,
-        buffer_bytes: total,
+        buffer_bytes: probe.buffer_bytes(),
         passes: rates.passes,
-        threads,
+        threads: probe.threads,
     }
 }
 
@@ -129,5 +174,17 @@ mod tests {
         assert!(
             probe.median_bytes_per_s > 0.0 && probe.best_bytes_per_s >= probe.median_bytes_per_s
         );
+    }
+
+    #[test]
+    fn a_kept_probe_reads_its_buffer_once_a_pass() {
+        let pool = ThreadPool::new(2);
+        let probe = ReadProbe::new(&pool, Isa::detect(), (1 << 20) + 100);
+        // Whole cache lines a thread: the odd 100 bytes are left out.
+        assert_eq!(probe.buffer_bytes(), 1 << 20);
+        for _ in 0..3 {
+            let rate = probe.pass(&pool);
+            assert!(rate.is_finite() && rate > 0.0);
+        }
     }
 }

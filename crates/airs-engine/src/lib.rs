@@ -21,7 +21,7 @@ pub mod pool;
 pub mod repack;
 pub mod sampler;
 
-pub use bandwidth::{ReadBandwidth, probe_read_bandwidth};
+pub use bandwidth::{ReadBandwidth, ReadProbe, probe_read_bandwidth};
 pub use cores::{
     CoreShare, ReadPlacement, Sharing, probe_core_share, probe_read_path, probe_read_placement,
     probe_round_trip,
