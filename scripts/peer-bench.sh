@@ -13,7 +13,8 @@
 # Usage: scripts/peer-bench.sh IK_BUILD_BIN MODEL.gguf... [-- SITTINGS]   (default 3 sittings)
 #   IK_BUILD_BIN: the directory holding ik_llama.cpp's llama-bench
 # Prints markdown tables on stdout: the speeds, and decode as weight bandwidth against airs'
-# read-bandwidth probe of the same sittings. Progress on stderr.
+# read-bandwidth probe of the same sittings (and airs' decode against probe passes between its
+# steps, `bench decode --probe-steps`). Progress on stderr.
 #
 # Placement: a virtual machine's host moves its vCPUs every few seconds to minutes, and on the
 # 2-vCPU benchmark host two threads read either ~36 or ~66 GB/s (one chiplet's link to memory
@@ -83,6 +84,17 @@ d = json.loads(sys.argv[1])
 probes = [p for p in d["read_probe_gb_per_s"] if p is not None]
 print("%.1f %.2f" % (d["decode_tokens_per_s"], max(probes)))' "$(airs_json "$1" 1)"
 }
+# -> decode's weight bandwidth as a fraction of the read probe, step by step: a separate run of
+# 128 tokens after a 1-token prompt with a probe pass between every two steps (`bench decode
+# --probe-steps`), each step against the passes just before and after it, the median over the
+# steps. The fraction of the table above sets medians of whole runs against probes run
+# seconds apart, which this host moves by a third (BENCHMARKS.md).
+airs_stepwise() {
+  "$airs" bench decode --model "$1" --threads $threads --prompt-tokens 1 --gen-tokens 128 \
+    --reps 1 --loader eager --probe-steps --json 2>/dev/null |
+    python3 -c 'import json,sys
+print("%.3f" % json.load(sys.stdin)["probe_steps"]["decode_fraction_median"])'
+}
 # One run bracketed by host probes, appended as
 # "KIND ENGINE MODEL RESULT... | multipliers_before read_path_before multipliers_after read_path_after".
 bracketed() {
@@ -104,7 +116,8 @@ for m in "${models[@]}"; do
     bracketed tg ik-rtr "$m" ik "$m" -p 0 -n 128 -rtr 1
     bracketed pp airs "$m" airs_prefill "$m"
     bracketed tg airs "$m" airs_decode "$m"
-    tail -n 6 "$results" | sed "s|$m|$(basename "$m")|; s/^/  /" >&2
+    bracketed sw airs "$m" airs_stepwise "$m"
+    tail -n 7 "$results" | sed "s|$m|$(basename "$m")|; s/^/  /" >&2
   done
 done
 load_after=$(load)
@@ -131,7 +144,7 @@ for line in open(sys.argv[1]):
         bytes_per_token[m] = int(extra[0])
         probes.setdefault(m, []).append(float(extra[1]))
         deep.setdefault(m, []).append(float(extra[2]))
-    elif engine == "airs":
+    elif engine == "airs" and kind == "tg":
         probes.setdefault(m, []).append(float(extra[0]))
 med = statistics.median
 def rates(m, engine, kind, where=None):
@@ -149,14 +162,17 @@ for m in runs:
 # Decode as weight bandwidth: each engine's median tokens/s times the weight bytes a token
 # reads (airs' count for the same file), against the median of airs' read-bandwidth probes.
 print()
-print("| file | weights per token | ik GB/s | ik -rtr GB/s | airs GB/s | read probe GB/s |")
-print("|---|---|---|---|---|---|")
+# Beside it, airs' step-wise fraction (`airs_stepwise`): the median over sittings, and its range.
+print("| file | weights per token | ik GB/s | ik -rtr GB/s | airs GB/s | read probe GB/s | airs step by step |")
+print("|---|---|---|---|---|---|---|")
 for m in runs:
     b = bytes_per_token[m]
     probe = med(probes[m])
     gbps = lambda k: med(rates(m, k, "tg")) * b / 1e9
     cells = " | ".join(f"{gbps(k):.1f} ({100 * gbps(k) / probe:.0f} %)" for k in ("ik", "ik-rtr", "airs"))
-    print(f"| {os.path.basename(m)} | {b / 1e6:.1f} MB | {cells} | {probe:.1f} |")
+    sw = rates(m, "airs", "sw")
+    stepwise = f"{100 * med(sw):.0f} % ({100 * min(sw):.0f}-{100 * max(sw):.0f})" if sw else "–"
+    print(f"| {os.path.basename(m)} | {b / 1e6:.1f} MB | {cells} | {probe:.1f} | {stepwise} |")
 # Like with like: medians within one placement (how many runs in brackets), and the ratio
 # where airs and an ik variant both ran under it.
 for kind, title, places in (("tg", "Decode (tg128) by placement", ("2 links", "1 link")),
