@@ -771,7 +771,7 @@ fn bench_decode_weighs_each_step_against_the_read_probe_passes_around_it() {
             && f("decode_fraction_median") <= f("decode_fraction_p90"),
         "{v}"
     );
-    // Decode's rate is its steps' own: both repetitions measured, the passes left out.
+    // Each repetition's decode rate (its steps' own time).
     let decode: Vec<f64> = v["decode_tokens_per_s_all"]
         .as_array()
         .unwrap()
