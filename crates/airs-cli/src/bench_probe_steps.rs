@@ -5,10 +5,11 @@
 //! the benchmark hosts move it by a third within seconds (a virtual machine's vCPUs change
 //! memory links: BENCHMARKS.md, "The slow state is a placement"). A probe before and after the
 //! repetitions brackets a run of several seconds, so the fraction it gives swings with whatever
-//! the host did meanwhile (TinyLlama Q4_K_M at 69-87 % for the same build within an hour). Here one pass of a
-//! [`ReadProbe`] runs between every two decode steps, and each step's weight bandwidth is set
-//! against the mean of the passes just before and just after it: the same method as the
-//! alternations of [`crate::bench_alternate`], comparing two things a few milliseconds apart.
+//! the host did meanwhile (TinyLlama Q4_K_M at 69-87 % for the same build within an hour).
+//! Here one pass of a [`ReadProbe`] runs between every two decode steps, and each step's weight
+//! bandwidth is set against the mean of the passes just before and just after it: the same
+//! method as the alternations of [`crate::bench_alternate`], comparing two things a few
+//! milliseconds apart.
 //!
 //! What it costs: one pass of `--probe-mib` between steps (256 MiB at 35 GB/s: 7 ms, about half
 //! a Qwen2.5-0.5B step), so a run takes longer; decode's tokens/s in this mode are its steps'
