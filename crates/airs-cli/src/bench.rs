@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use airs_engine::{KvType, ReadProbe, Sharing, probe_read_bandwidth, probe_read_placement};
 use airs_runtime::fit::single_sequence_config;
-use airs_runtime::{Completion, Event, GenerationParams, LoadedModel, Prompt, Request, Scheduler};
+use airs_runtime::{
+    Completion, Event, GenerationParams, LoadedModel, Prompt, Request, RequestId, Scheduler,
+};
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
@@ -158,7 +160,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 /// The benchmarks' request: `gen_tokens` drawn greedily after `prompt`, end-of-generation
 /// ignored.
-pub(crate) fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
+fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
     let params = GenerationParams {
         max_tokens: gen_tokens,
         ignore_eos: true,
@@ -167,8 +169,55 @@ pub(crate) fn greedy(prompt: &[u32], gen_tokens: usize) -> Request {
     Request::generate(Prompt::Tokens(prompt.to_vec()), params)
 }
 
-/// Generate `gen_tokens` greedily after `prompt` as one request on a fresh scheduler (a KV pool
-/// of exactly what the sequence needs); returns the request's timings.
+/// A greedy request ([`greedy`]) submitted to a fresh scheduler of its own (a KV pool of
+/// exactly what the sequence needs), ready to be stepped or run to its end.
+pub(crate) struct GreedyRun {
+    pub(crate) scheduler: Scheduler,
+    pub(crate) id: RequestId,
+    done: Arc<Mutex<Option<anyhow::Result<Completion>>>>,
+}
+
+impl GreedyRun {
+    /// `gen_tokens` after `prompt`; `on_token` runs at every generated token.
+    pub(crate) fn submit(
+        model: &Arc<LoadedModel>,
+        prompt: &[u32],
+        gen_tokens: usize,
+        kv_type: KvType,
+        mut on_token: impl FnMut() + Send + 'static,
+    ) -> anyhow::Result<GreedyRun> {
+        let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
+        let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
+        let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
+        let d = Arc::clone(&done);
+        let id = scheduler.submit(
+            greedy(prompt, gen_tokens),
+            Box::new(move |event| {
+                match event {
+                    Event::Token(_) => on_token(),
+                    Event::Done(c) => *d.lock().unwrap() = Some(Ok(c)),
+                    Event::Failed(e) => *d.lock().unwrap() = Some(Err(e.into())),
+                    _ => {}
+                }
+                true
+            }),
+        )?;
+        Ok(GreedyRun {
+            scheduler,
+            id,
+            done,
+        })
+    }
+
+    /// The request's timings, once the scheduler has run it to its end.
+    pub(crate) fn completion(self) -> anyhow::Result<Completion> {
+        let result = self.done.lock().unwrap().take();
+        result.unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))
+    }
+}
+
+/// Generate `gen_tokens` greedily after `prompt` as one request on a fresh scheduler
+/// ([`GreedyRun`]); returns the request's timings.
 pub fn greedy_request(
     model: &Arc<LoadedModel>,
     prompt: &[u32],
@@ -176,33 +225,17 @@ pub fn greedy_request(
     kv_type: KvType,
     alternation: Option<&Arc<Mutex<Alternation>>>,
 ) -> anyhow::Result<Completion> {
-    let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
-    let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
-    let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
-    let d = Arc::clone(&done);
     let alt = alternation.cloned();
-    let id = scheduler.submit(
-        greedy(prompt, gen_tokens),
-        Box::new(move |event| {
-            match event {
-                Event::Token(_) => {
-                    if let Some(alt) = &alt {
-                        alt.lock().unwrap().on_token();
-                    }
-                }
-                Event::Done(c) => *d.lock().unwrap() = Some(Ok(c)),
-                Event::Failed(e) => *d.lock().unwrap() = Some(Err(e.into())),
-                _ => {}
-            }
-            true
-        }),
-    )?;
-    scheduler.run_until_done(id);
+    let mut run = GreedyRun::submit(model, prompt, gen_tokens, kv_type, move || {
+        if let Some(alt) = &alt {
+            alt.lock().unwrap().on_token();
+        }
+    })?;
+    run.scheduler.run_until_done(run.id);
     if let Some(alt) = alternation {
         alt.lock().unwrap().end_request();
     }
-    let result = done.lock().unwrap().take();
-    result.unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))
+    run.completion()
 }
 
 /// `--alternate-kv-pages`: per repetition, the same greedy request on two schedulers sharing the

@@ -5,7 +5,7 @@
 //! the benchmark hosts move it by a third within seconds (a virtual machine's vCPUs change
 //! memory links: BENCHMARKS.md, "The slow state is a placement"). A probe before and after the
 //! repetitions brackets a run of several seconds, so the fraction it gives swings with whatever
-//! the host did meanwhile (TinyLlama Q4_K_M at 69-87 % for the same build within an hour).
+//! the host did meanwhile (TinyLlama Q4_K_M at 75-87 % for the same build within an hour).
 //! Here one pass of a [`ReadProbe`] runs between every two decode steps, and each step's weight
 //! bandwidth is set against the mean of the passes just before and just after it: the same
 //! method as the alternations of [`crate::bench_alternate`], comparing two things a few
@@ -18,15 +18,15 @@
 //! what a step keeps in cache from the step before (activations, the KV tail) it now reads from
 //! memory, which can only lower its figure.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use airs_engine::{KvType, ReadProbe};
-use airs_runtime::fit::single_sequence_config;
-use airs_runtime::{Completion, Event, LoadedModel, Scheduler};
+use airs_runtime::{Completion, LoadedModel};
 use serde_json::json;
 
-use crate::bench::{greedy, median};
+use crate::bench::{GreedyRun, median};
 
 /// One decode step and the probe passes around it.
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +44,7 @@ pub struct ProbedRequest {
     pub steps: Vec<ProbedStep>,
 }
 
-/// `gen_tokens` drawn greedily after `prompt` on a fresh scheduler (as
+/// `gen_tokens` drawn greedily after `prompt` on a fresh scheduler ([`GreedyRun`], as
 /// [`crate::bench::greedy_request`]), the prefill as usual, then a pass of `probe` before every
 /// decode step and after the last.
 pub fn probed_request(
@@ -54,24 +54,13 @@ pub fn probed_request(
     kv_type: KvType,
     probe: &ReadProbe,
 ) -> anyhow::Result<ProbedRequest> {
-    let config = single_sequence_config(&model.shape, prompt.len() + gen_tokens, kv_type)?;
-    let mut scheduler = Scheduler::new(Arc::clone(model), config, None)?;
-    let tokens = Arc::new(Mutex::new(0usize));
-    let done: Arc<Mutex<Option<anyhow::Result<Completion>>>> = Arc::new(Mutex::new(None));
-    let (seen, d) = (Arc::clone(&tokens), Arc::clone(&done));
-    scheduler.submit(
-        greedy(prompt, gen_tokens),
-        Box::new(move |event| {
-            match event {
-                Event::Token(_) => *seen.lock().unwrap() += 1,
-                Event::Done(c) => *d.lock().unwrap() = Some(Ok(c)),
-                Event::Failed(e) => *d.lock().unwrap() = Some(Err(e.into())),
-                _ => {}
-            }
-            true
-        }),
-    )?;
-    let count = || *tokens.lock().unwrap();
+    let tokens = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&tokens);
+    let mut run = GreedyRun::submit(model, prompt, gen_tokens, kv_type, move || {
+        seen.fetch_add(1, Ordering::Relaxed);
+    })?;
+    let scheduler = &mut run.scheduler;
+    let count = || tokens.load(Ordering::Relaxed);
     // The prefill, as without probes: up to the first token.
     while count() == 0 && scheduler.has_work() {
         scheduler.step();
@@ -94,12 +83,10 @@ pub fn probed_request(
         }
         before = after;
     }
-    let completion = done
-        .lock()
-        .unwrap()
-        .take()
-        .unwrap_or_else(|| Err(anyhow::anyhow!("the request ended without a result")))?;
-    Ok(ProbedRequest { completion, steps })
+    Ok(ProbedRequest {
+        completion: run.completion()?,
+        steps,
+    })
 }
 
 /// Decode tokens a second over `steps`, the passes' time left out.

@@ -669,24 +669,29 @@ fn bench_host_reports_one_thread_and_all_threads_and_their_ratios() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--passes"));
 }
 
-#[test]
-fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() {
-    let v = json_of(&[
+/// `airs bench decode --json` of `gen_tokens` after 8 prompt tokens on 2 threads, `reps` times,
+/// with `extra` arguments.
+fn bench_decode_json(gen_tokens: &str, reps: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "bench",
         "decode",
         "--prompt-tokens",
         "8",
         "--gen-tokens",
-        "8",
+        gen_tokens,
         "--reps",
-        "3",
+        reps,
         "--threads",
         "2",
-        "--probe-mib",
-        "8",
-        "--placement",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    json_of(&args)
+}
+
+#[test]
+fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() {
+    let v = bench_decode_json("8", "3", &["--probe-mib", "8", "--placement"]);
     let decode: Vec<f64> = v["decode_tokens_per_s_all"]
         .as_array()
         .unwrap()
@@ -743,22 +748,7 @@ fn bench_decode_reports_decode_per_placement_against_the_read_probe_around_it() 
 
 #[test]
 fn bench_decode_weighs_each_step_against_the_read_probe_passes_around_it() {
-    let v = json_of(&[
-        "bench",
-        "decode",
-        "--prompt-tokens",
-        "8",
-        "--gen-tokens",
-        "20",
-        "--reps",
-        "2",
-        "--threads",
-        "2",
-        "--probe-mib",
-        "8",
-        "--probe-steps",
-        "--json",
-    ]);
+    let v = bench_decode_json("20", "2", &["--probe-mib", "8", "--probe-steps"]);
     let s = &v["probe_steps"];
     // 19 decode steps a repetition (the first token ends the prefill).
     assert_eq!(s["steps"].as_u64(), Some(2 * 19), "{v}");
@@ -797,29 +787,14 @@ fn window_steps(window: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// `airs bench decode --json` of 300 tokens after 8 on 2 threads, once, with `extra` arguments.
-fn bench_decode_300_tokens(extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "bench",
-        "decode",
-        "--prompt-tokens",
-        "8",
-        "--gen-tokens",
-        "300",
-        "--reps",
-        "1",
-        "--threads",
-        "2",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    json_of(&args)
-}
-
 #[test]
 fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
     // 300 tokens: a window of 256 decode steps and one of the request's last 43.
-    let v = bench_decode_300_tokens(&["--probe-mib", "0", "--alternate-chunks", "1,4"]);
+    let v = bench_decode_json(
+        "300",
+        "1",
+        &["--probe-mib", "0", "--alternate-chunks", "1,4"],
+    );
     let alt = &v["alternation"];
     assert_eq!(
         (alt["a"].as_u64(), alt["b"].as_u64()),
@@ -861,7 +836,7 @@ fn bench_decode_alternates_two_chunk_counts_step_by_step_and_reports_windows() {
 #[test]
 fn bench_decode_alternates_kv_pools_on_huge_and_base_pages_with_identical_tokens() {
     // 300 tokens on each pool: 299 decode steps each, alternated in windows of 256 steps.
-    let v = bench_decode_300_tokens(&["--alternate-kv-pages"]);
+    let v = bench_decode_json("300", "1", &["--alternate-kv-pages"]);
     assert_eq!(v["identical"].as_bool(), Some(true), "{v}");
     let alt = &v["alternation"];
     assert_eq!(
