@@ -260,7 +260,9 @@ fn matmul_after<'a>(
 ) -> Option<&'a [u8]> {
     let (w, acts) = (p.w, p.acts);
     let same_input = prepared.is_some_and(|prev| std::ptr::eq(prev, acts));
-    if !by_rows(w, tokens) && matmul_tiled(pool, isa, image, w, acts, tokens, p.out, same_input) {
+    if !by_rows(isa, w, tokens)
+        && matmul_tiled(pool, isa, image, w, acts, tokens, p.out, same_input)
+    {
         return Some(acts);
     }
     let out = &mut *p.out;
@@ -290,7 +292,7 @@ pub(crate) fn matmuls(
     tokens: usize,
     products: Vec<Product<'_>>,
 ) {
-    if !products.iter().all(|p| by_rows(p.w, tokens)) {
+    if !products.iter().all(|p| by_rows(isa, p.w, tokens)) {
         let mut prepared = None;
         for mut p in products {
             prepared = matmul_after(pool, isa, image, tokens, &mut p, prepared);
@@ -339,7 +341,7 @@ pub(crate) fn matmul_gated(
     act: &(dyn Fn(&mut [f32], &[f32]) + Sync),
 ) {
     debug_assert_eq!(gate.w.rows, up.w.rows);
-    if !(by_rows(gate.w, tokens) && by_rows(up.w, tokens)) {
+    if !(by_rows(isa, gate.w, tokens) && by_rows(isa, up.w, tokens)) {
         let prepared = matmul_after(pool, isa, image, tokens, &mut gate, None);
         matmul_after(pool, isa, image, tokens, &mut up, prepared);
         const CHUNK: usize = 4096;
@@ -379,10 +381,13 @@ pub(crate) fn matmul_gated(
 }
 
 /// Whether a product of `tokens` rows with `w` runs on the row kernels ([`RowJob`]): one
-/// token, or up to a group's worth of a repacked matrix. Longer inputs take the tiled kernels
-/// where the type has them ([`matmul_tiled`]).
-fn by_rows(w: &TensorRef, tokens: usize) -> bool {
-    tokens == 1 || (w.packed.is_some() && tokens <= G)
+/// token, or up to a group's worth of a repacked matrix, or any number where the rows16
+/// kernels run on AMX tiles (16 rows at a time: 1.2-1.7× the VNNI kernels from 10 rows on,
+/// BENCHMARKS.md). Longer inputs take the tiled kernels where the type has them
+/// ([`matmul_tiled`]).
+fn by_rows(isa: Isa, w: &TensorRef, tokens: usize) -> bool {
+    tokens == 1
+        || (w.packed.is_some() && (tokens <= G || airs_kernels::rows16::tiles_serve(isa, w.ty)))
 }
 
 /// The product on the tiled kernels, if `w`'s type has them and `tokens` makes them pay:

@@ -38,14 +38,16 @@
 //! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
 //! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
 //! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. The k-quant layouts are read in address order. One token of any
-//! type is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
+//! token stay in registers. The k-quant layouts are read in address order. On AMD's cores one
+//! token of any type is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
 //! line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without; Q4_0 and
-//! Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4 than without); several tokens,
+//! Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4 than without); on Intel's it
+//! prefetches as several tokens do, 1.2-1.5× faster there (`x86::one_token_prefetches`); several tokens,
 //! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
 //! BENCHMARKS.md). (On AVX2, one
 //! token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]):
-//! AVX-512 VNNI (`mod x86`), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
+//! AVX-512 VNNI (`mod x86`), and for the legacy types from [`AMX_MIN_TOKENS`] activation rows
+//! on, Intel's AMX tiles (`mod amx`, where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
 //! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
 //! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only
 //! x86) the loaders do not repack, and a repacked group is unpacked into a buffer and
@@ -53,6 +55,8 @@
 
 use crate::{GgmlType, Isa, KernelError};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "aarch64")]
@@ -345,7 +349,24 @@ pub struct Activations<'a> {
     min_sum: Vec<f32>,
     bsums: Vec<[i32; 16]>,
     min_pairs: Vec<[i32; 4]>,
+    /// Where products run on AMX tiles ([`uses_amx`], the legacy types): the activation codes
+    /// as the tiles load them, per window of 16 rows (the last one shorter) and block, the
+    /// window's rows' 32 codes one after another: window `t0 / 16` starts at byte
+    /// `32 · nb · t0`, its block `b` at `32 · b · rows_in_window` after that. Aligned, so no
+    /// tile row straddles a cache line.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    tile_codes: Vec<Line>,
+    /// With `tile_codes`: the block terms in the same order (window, block, row): `dy`, the
+    /// offset sums and (Q4_1/Q5_1) the min sums, so a block's terms for a window's rows are
+    /// adjacent.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    tile_terms: Vec<(f32, i32, f32)>,
 }
+
+/// A cache line of bytes, 64-byte aligned.
+#[derive(Copy, Clone)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
 impl<'a> Activations<'a> {
     /// `acts`: whole activation rows (the weight type's activation type) of `n` values, for
@@ -376,6 +397,8 @@ impl<'a> Activations<'a> {
             min_sum: Vec::new(),
             bsums: Vec::new(),
             min_pairs: Vec::new(),
+            tile_codes: Vec::new(),
+            tile_terms: Vec::new(),
         };
         if !fast(isa, ty) {
             return Ok(a);
@@ -423,6 +446,33 @@ impl<'a> Activations<'a> {
                 a.offset_sum.push(-off * sum);
                 if min {
                     a.min_sum.push(dy * sum as f32);
+                }
+            }
+            if uses_amx(isa) {
+                a.tile_codes = vec![Line([0; 64]); (tokens * a.blocks).div_ceil(2)];
+                // SAFETY: `Line` is 64 plain bytes without padding.
+                let dst: &mut [u8] = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        a.tile_codes.as_mut_ptr().cast(),
+                        a.tile_codes.len() * 64,
+                    )
+                };
+                a.tile_terms = vec![(0.0, 0, 0.0); tokens * a.blocks];
+                for t0 in (0..tokens).step_by(GROUP_ROWS) {
+                    let window = (tokens - t0).min(GROUP_ROWS);
+                    for t in 0..window {
+                        let row = &acts[(t0 + t) * row_bytes..][..row_bytes];
+                        for (b, blk) in row.as_chunks::<34>().0.iter().enumerate() {
+                            let at = a.blocks * t0 + b * window + t;
+                            dst[32 * at..32 * at + 32].copy_from_slice(&blk[2..]);
+                            let from = (t0 + t) * a.blocks + b;
+                            a.tile_terms[at] = (
+                                a.dy[from],
+                                a.offset_sum[from],
+                                a.min_sum.get(from).copied().unwrap_or(0.0),
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -530,6 +580,55 @@ pub fn matmul_rows(
     acts: &Activations<'_>,
     outs: &mut [&mut [f32]],
 ) -> Result<(), KernelError> {
+    matmul_rows_on(isa, w, acts, outs, Tiles::Auto)
+}
+
+/// Whether a product may run on AMX tiles (x86-64 with AVX-512 VNNI and AMX-INT8, the legacy
+/// types): from [`AMX_MIN_TOKENS`] activation rows on (`Auto`), whatever the count
+/// (`Always`, for tests), or never.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Tiles {
+    Auto,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Always,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Never,
+}
+
+/// The fewest activation rows a product runs on AMX tiles for (below, one token's stream is
+/// memory-bound and the VNNI kernels do as well).
+pub const AMX_MIN_TOKENS: usize = 9;
+
+/// Whether this process runs rows16 products of the legacy types on AMX tiles for
+/// [`AMX_MIN_TOKENS`] activation rows or more with `isa` (the CPU has AMX-INT8 and Linux
+/// granted it).
+pub fn uses_amx(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::legacy::has_avx512_vnni(isa) && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Whether products of `ty` run on AMX tiles with `isa` here, for any number of activation
+/// rows from [`AMX_MIN_TOKENS`] on: then a long input (a prompt) is best multiplied 16 rows at
+/// a time by [`matmul_rows`] rather than by the tiled kernels.
+pub fn tiles_serve(isa: Isa, ty: GgmlType) -> bool {
+    fast(isa, ty) && !is_kquant(ty) && uses_amx(isa)
+}
+
+/// [`matmul_rows`] with the AMX choice `tiles`.
+fn matmul_rows_on(
+    isa: Isa,
+    w: &[u8],
+    acts: &Activations<'_>,
+    outs: &mut [&mut [f32]],
+    tiles: Tiles,
+) -> Result<(), KernelError> {
     let (ty, n) = (acts.ty, acts.n);
     let group_bytes = check_groups(ty, n, w.len())?;
     let tokens = acts.tokens();
@@ -556,6 +655,27 @@ pub fn matmul_rows(
         }
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    let on_tiles = match tiles {
+        Tiles::Auto => tokens >= AMX_MIN_TOKENS,
+        Tiles::Always => true,
+        Tiles::Never => false,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if on_tiles && tiles_serve(isa, ty) {
+        assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
+        for t0 in (0..tokens).step_by(amx::MAX_TOKENS) {
+            let t1 = (t0 + amx::MAX_TOKENS).min(tokens);
+            // SAFETY: `uses_amx` checked AVX-512 VNNI (+ AVX2/FMA/F16C) and that AMX was
+            // granted; the geometry is checked above (whole groups of a legacy type, whole
+            // activation rows, an output row of at least `rows` values per activation row)
+            // and the terms cover every row (asserted).
+            unsafe { amx::run(w, acts, t0..t1, &mut outs[t0..t1]) };
+        }
+        return Ok(());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = tiles;
     #[cfg(target_arch = "x86_64")]
     if fast(isa, ty) {
         assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
@@ -1123,6 +1243,9 @@ pub(crate) mod q6k {
                     let bs = a.bsums.get_unchecked(b);
                     let mut isum = _mm512_setzero_si512();
                     for h in 0..2 {
+                        // Where one token prefetches (Intel), half a superblock per half.
+                        let half = GROUP_BLOCK / 2;
+                        crate::rows16::x86::prefetch_ahead::<1>(blk.add(half * h), half);
                         // acc[fq][s]: sub-block 8h + 2fq + s, starting from its offset term.
                         let mut acc: [[__m512i; 2]; 4] = std::array::from_fn(|fq| {
                             std::array::from_fn(|s| _mm512_set1_epi32(-32 * bs[8 * h + 2 * fq + s]))
@@ -1449,6 +1572,24 @@ mod x86 {
         }
     }
 
+    /// Whether one token's stream prefetches too ([`prefetch_ahead`]): on Intel's cores, not on
+    /// AMD's. Measured (`decode_dram`, one token, two threads from DRAM, GB/s of weights): on
+    /// an Intel Xeon with AMX (2 vCPUs, stream probe 39-41 GB/s) Q5_0 4864×896 20.2 → 30.8-32.2,
+    /// Q4_0 24.1-24.7 → 31.7-32.1, Q4_K 5632×2048 21.6-22.0 → 29.2-29.7, Q5_K 20.1-20.6 →
+    /// 29.8-30.5, Q8_0 5632×2048 30.3-30.6 → 35.7-36.6; on AMD Zen 4 the same prefetch made Q4_0
+    /// and Q5_0 12-14 % slower and Q8_0 slower still (above). The CPU's vendor, read once.
+    pub(super) fn one_token_prefetches() -> bool {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *INTEL.get_or_init(|| {
+            let id = __cpuid(0);
+            let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+                .iter()
+                .flat_map(|r| r.to_le_bytes())
+                .collect();
+            vendor == b"GenuineIntel"
+        })
+    }
+
     /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
     /// activation rows read — for several tokens, never for one.
     ///
@@ -1470,10 +1611,12 @@ mod x86 {
     /// rings partly on base pages; with every matrix on huge pages, 8 KiB into L2 is still the best
     /// or equal of eight distances and hints at 4 tokens, while Q8_0 at 2 tokens is faster without it
     /// (BENCHMARKS.md, "The read probe on huge pages").
+    ///
+    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]).
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         const AHEAD: usize = 8192;
-        if T > 1 {
+        if T > 1 || one_token_prefetches() {
             for l in 0..bytes.div_ceil(64) {
                 // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
                 // (`wrapping_add` keeps the arithmetic defined).
@@ -1803,6 +1946,67 @@ mod tests {
                                 assert!(
                                     got.to_bits() == want.to_bits() || (!fast(isa, ty) && close),
                                     "{ty} {isa:?} tokens {tokens} t {t} row {r}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AMX tile kernels (where this CPU and Linux allow them) against the scalar
+    /// reference, for every token count a tile takes and a split past it, on random weights
+    /// and on weights and activations at their extremes; and the VNNI kernels on the same
+    /// inputs, which `Auto` would not pick for more than one token.
+    #[test]
+    fn tile_products_are_exact_for_every_token_count_and_extreme_codes() {
+        let isa = Isa::Avx512;
+        if !uses_amx(isa) {
+            eprintln!("no AMX-INT8 here: the tile kernels are not exercised");
+            return;
+        }
+        for ty in TYPES.into_iter().filter(|&ty| !is_kquant(ty)) {
+            let n = 160;
+            let act = crate::act_type(ty).unwrap();
+            let act_bytes = act.row_bytes(n);
+            let mut acts = Vec::new();
+            for t in 0..18 {
+                acts.extend(match t % 4 {
+                    1 => constant_acts(act, n, 127),
+                    3 => constant_acts(act, n, -127),
+                    _ => {
+                        let mut a = vec![0u8; act_bytes];
+                        crate::quantize_act(act, &floats(n, 900 + t as u64), &mut a).unwrap();
+                        a
+                    }
+                });
+            }
+            for natural in [
+                weights(ty, n, 3),
+                extreme_weights(ty, n, 32, true),
+                extreme_weights(ty, n, 32, false),
+            ] {
+                let p = packed(ty, n, &natural);
+                let row_bytes = crate::row_bytes(ty, n).unwrap();
+                let rows = natural.len() / row_bytes;
+                for tokens in 1..=18 {
+                    let acts = &acts[..tokens * act_bytes];
+                    let prepared = Activations::new(isa, ty, n, acts).unwrap();
+                    for tiles in [Tiles::Always, Tiles::Never] {
+                        let mut rows_out = vec![vec![f32::NAN; rows]; tokens];
+                        let mut outs: Vec<&mut [f32]> =
+                            rows_out.iter_mut().map(|r| r.as_mut_slice()).collect();
+                        matmul_rows_on(isa, &p, &prepared, &mut outs, tiles).unwrap();
+                        for (t, out) in rows_out.iter().enumerate() {
+                            let a = &acts[t * act_bytes..(t + 1) * act_bytes];
+                            for (r, got) in out.iter().enumerate() {
+                                let row = &natural[r * row_bytes..(r + 1) * row_bytes];
+                                let want = crate::dot(Isa::Scalar, ty, n, row, a).unwrap();
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{ty} {tiles:?} tokens {tokens} t {t} row {r}: {got} vs {want}"
                                 );
                             }
                         }
