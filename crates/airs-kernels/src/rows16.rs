@@ -46,14 +46,67 @@
 //! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
 //! BENCHMARKS.md). (On AVX2, one
 //! token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]):
-//! AVX-512 VNNI (`mod x86`), and for the legacy types from [`AMX_MIN_TOKENS`] activation rows
-//! on, Intel's AMX tiles (`mod amx`, where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
+//! AVX-512 VNNI (`mod x86`), and for every type but Q6_K from [`AMX_MIN_TOKENS`] activation
+//! rows on, Intel's AMX tiles (`mod amx`, where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
 //! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
 //! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only
 //! x86) the loaders do not repack, and a repacked group is unpacked into a buffer and
 //! multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
+
+/// A Q4_K/Q5_K superblock-group's 6-bit sub-block scales as i32 lanes (one register per
+/// sub-block) and its mins as i16 pairs (sub-blocks 2s, 2s + 1) for `vpdpwssd`, every row in its
+/// lane, as `([__m512i; 8], [__m512i; 4])`: ggml's `get_scale_min_k4` on the layout's three
+/// planes at `$blk` (a `*const u8` to one whole superblock-group; ggml's `scales[0..4]`: scales
+/// 0..4 and the top bits of 4..8; `[4..8]`: mins 0..4 and the top bits of 4..8; `[8..12]`: the
+/// low nibbles of scales and mins 4..8; sub-blocks 4..8 take their top two bits from bits 6-7 of
+/// the bytes of sub-blocks 0..4). For the VNNI (`q4k::x86::k4`) and AMX kernels, inside code
+/// with AVX-512 F/BW, inside an `unsafe` block whose safety argument covers reading the
+/// superblock-group: a macro (a shared `#[inline]` function measured 7 % slower in the VNNI
+/// kernel with 4 tokens, two alternations).
+#[cfg(target_arch = "x86_64")]
+macro_rules! q4k_scales_mins {
+    ($blk:expr) => {{
+        // The three 64-byte planes at 64..256 of the superblock-group.
+        let sc03 = _mm512_loadu_si512($blk.add(64).cast());
+        let m03 = _mm512_loadu_si512($blk.add(128).cast());
+        let nib47 = _mm512_loadu_si512($blk.add(192).cast());
+        let six = _mm512_set1_epi8(0x3F);
+        let nib = _mm512_set1_epi8(0x0F);
+        let top = _mm512_set1_epi8(0x30);
+        let top_of = |x: __m512i| _mm512_and_si512(_mm512_srli_epi32::<2>(x), top);
+        let sc_bytes = [
+            _mm512_and_si512(sc03, six),
+            _mm512_or_si512(_mm512_and_si512(nib47, nib), top_of(sc03)),
+        ];
+        let m_bytes = [
+            _mm512_and_si512(m03, six),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32::<4>(nib47), nib),
+                top_of(m03),
+            ),
+        ];
+        // Each dword's bytes `b` (indices into the dword; `-1`: a zero byte).
+        let pick = |x: __m512i, b: [i8; 4]| {
+            let control: [i8; 16] = std::array::from_fn(|i| {
+                if b[i % 4] < 0 {
+                    -1
+                } else {
+                    (i & !3) as i8 + b[i % 4]
+                }
+            });
+            let control = _mm_loadu_si128(control.as_ptr().cast());
+            _mm512_shuffle_epi8(x, _mm512_broadcast_i32x4(control))
+        };
+        let sc = std::array::from_fn(|s| pick(sc_bytes[s / 4], [(s % 4) as i8, -1, -1, -1]));
+        let m_pairs = std::array::from_fn(|s| {
+            let b = (2 * (s % 2)) as i8;
+            pick(m_bytes[s / 2], [b, -1, b + 1, -1])
+        });
+        (sc, m_pairs)
+    }};
+}
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -349,11 +402,11 @@ pub struct Activations<'a> {
     min_sum: Vec<f32>,
     bsums: Vec<[i32; 16]>,
     min_pairs: Vec<[i32; 4]>,
-    /// Where products run on AMX tiles ([`uses_amx`], the legacy types): the activation codes
-    /// as the tiles load them, per window of 16 rows (the last one shorter) and block, the
-    /// window's rows' 32 codes one after another: window `t0 / 16` starts at byte
-    /// `32 · nb · t0`, its block `b` at `32 · b · rows_in_window` after that. Aligned, so no
-    /// tile row straddles a cache line.
+    /// Where products run on AMX tiles ([`tiles_serve`]): the activation codes as the tiles
+    /// load them, per window of 16 rows (the last one shorter) and 32-value block (k-quants:
+    /// sub-block), the window's rows' 32 codes one after another: window `t0 / 16` starts at
+    /// byte `32 · nb · t0` (k-quants `256 · nb · t0`), its block `b` at `32 · b ·
+    /// rows_in_window` after that. Aligned, so no tile row straddles a cache line.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     tile_codes: Vec<Line>,
     /// With `tile_codes`: the block terms in the same order (window, block, row): `dy`, the
@@ -406,6 +459,30 @@ impl<'a> Activations<'a> {
         // Fixed-size blocks (`as_chunks`), so the sums below compile to vector code: this
         // pass runs on the calling thread before every product's pool job.
         if kquant {
+            if tiles_serve(isa, ty) {
+                // Unit u = 8b + s (superblock b, sub-block s) of window t0 (W rows): its rows'
+                // 32 codes at 256·nb·t0 + 32·(W·u + t).
+                a.tile_codes = vec![Line([0; 64]); tokens * a.blocks * 4];
+                // SAFETY: `Line` is 64 plain bytes without padding.
+                let dst: &mut [u8] = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        a.tile_codes.as_mut_ptr().cast(),
+                        a.tile_codes.len() * 64,
+                    )
+                };
+                for t0 in (0..tokens).step_by(GROUP_ROWS) {
+                    let window = (tokens - t0).min(GROUP_ROWS);
+                    for t in 0..window {
+                        let row = &acts[(t0 + t) * row_bytes..][..row_bytes];
+                        for (b, y) in row.as_chunks::<292>().0.iter().enumerate() {
+                            for s in 0..8 {
+                                let at = 256 * a.blocks * t0 + 32 * (window * (8 * b + s) + t);
+                                dst[at..at + 32].copy_from_slice(&y[4 + 32 * s..][..32]);
+                            }
+                        }
+                    }
+                }
+            }
             let blocks = acts.as_chunks::<292>().0;
             a.dy.reserve_exact(blocks.len());
             a.bsums.reserve_exact(blocks.len());
@@ -583,9 +660,9 @@ pub fn matmul_rows(
     matmul_rows_on(isa, w, acts, outs, Tiles::Auto)
 }
 
-/// Whether a product may run on AMX tiles (x86-64 with AVX-512 VNNI and AMX-INT8, the legacy
-/// types): from [`AMX_MIN_TOKENS`] activation rows on (`Auto`), whatever the count
-/// (`Always`, for tests), or never.
+/// Whether a product may run on AMX tiles (x86-64 with AVX-512 VNNI and AMX-INT8, the types
+/// [`tiles_serve`] names): from [`AMX_MIN_TOKENS`] activation rows on (`Auto`), whatever the
+/// count (`Always`, for tests), or never.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Tiles {
     Auto,
@@ -595,13 +672,13 @@ enum Tiles {
     Never,
 }
 
-/// The fewest activation rows a product runs on AMX tiles for (below, one token's stream is
-/// memory-bound and the VNNI kernels do as well).
+/// The fewest activation rows a product runs on AMX tiles for: with 8 the tiles and the VNNI
+/// kernels were even, with 10 the tiles 1.2-1.5× faster, with 4 slower (BENCHMARKS.md).
 pub const AMX_MIN_TOKENS: usize = 9;
 
-/// Whether this process runs rows16 products of the legacy types on AMX tiles for
-/// [`AMX_MIN_TOKENS`] activation rows or more with `isa` (the CPU has AMX-INT8 and Linux
-/// granted it).
+/// Whether this process runs rows16 products on AMX tiles for [`AMX_MIN_TOKENS`] activation
+/// rows or more with `isa` (the CPU has AMX-INT8 and Linux granted it), for the types
+/// [`tiles_serve`] names.
 pub fn uses_amx(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -615,10 +692,10 @@ pub fn uses_amx(isa: Isa) -> bool {
 }
 
 /// Whether products of `ty` run on AMX tiles with `isa` here, for any number of activation
-/// rows from [`AMX_MIN_TOKENS`] on: then a long input (a prompt) is best multiplied 16 rows at
-/// a time by [`matmul_rows`] rather than by the tiled kernels.
+/// rows from [`AMX_MIN_TOKENS`] on (every rows16 type but Q6_K): then a long input (a prompt)
+/// is best multiplied 16 rows at a time by [`matmul_rows`] rather than by the tiled kernels.
 pub fn tiles_serve(isa: Isa, ty: GgmlType) -> bool {
-    fast(isa, ty) && !is_kquant(ty) && uses_amx(isa)
+    fast(isa, ty) && ty != GgmlType::Q6K && uses_amx(isa)
 }
 
 /// [`matmul_rows`] with the AMX choice `tiles`.
@@ -861,53 +938,8 @@ pub(crate) mod q4k {
                     let blk = p.add(group_block * b);
                     let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                     let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
-                    // ggml's `scales[0..4]` (scales 0..4, top bits of 4..8), `[4..8]` (mins
-                    // 0..4, top bits of 4..8) and `[8..12]` (low nibbles of scales and mins
-                    // 4..8), each row's in its lane.
-                    let sc03 = _mm512_loadu_si512(blk.add(64).cast());
-                    let m03 = _mm512_loadu_si512(blk.add(128).cast());
-                    let nib47 = _mm512_loadu_si512(blk.add(192).cast());
-                    // The 6-bit scales and mins of every row as bytes, four sub-blocks per
-                    // register (ggml's `get_scale_min_k4`: sub-blocks 4..8 take their top
-                    // two bits from bits 6-7 of the bytes of sub-blocks 0..4).
-                    let six = _mm512_set1_epi8(0x3F);
-                    let nib = _mm512_set1_epi8(0x0F);
-                    let top = _mm512_set1_epi8(0x30);
-                    let top_of = |x: __m512i| _mm512_and_si512(_mm512_srli_epi32::<2>(x), top);
-                    let sc_bytes = [
-                        _mm512_and_si512(sc03, six),
-                        _mm512_or_si512(_mm512_and_si512(nib47, nib), top_of(sc03)),
-                    ];
-                    let m_bytes = [
-                        _mm512_and_si512(m03, six),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi32::<4>(nib47), nib),
-                            top_of(m03),
-                        ),
-                    ];
-                    // Each dword's bytes `b` (indices into the dword; `-1`: a zero byte),
-                    // `vpshufb` indexing within 128-bit lanes.
-                    let pick = |x: __m512i, b: [i8; 4]| {
-                        let control: [i8; 16] = std::array::from_fn(|i| {
-                            if b[i % 4] < 0 {
-                                -1
-                            } else {
-                                (i & !3) as i8 + b[i % 4]
-                            }
-                        });
-                        _mm512_shuffle_epi8(
-                            x,
-                            _mm512_broadcast_i32x4(_mm_loadu_si128(control.as_ptr().cast())),
-                        )
-                    };
-                    // Sub-block s's scale in every row's lane (an i16 pair (sc, 0)).
-                    let sc: [__m512i; 8] =
-                        std::array::from_fn(|s| pick(sc_bytes[s / 4], [(s % 4) as i8, -1, -1, -1]));
-                    // The mins as i16 pairs (sub-blocks 2s, 2s + 1) for `vpdpwssd`.
-                    let m_pairs: [__m512i; 4] = std::array::from_fn(|s| {
-                        let b = (2 * (s % 2)) as i8;
-                        pick(m_bytes[s / 2], [b, -1, b + 1, -1])
-                    });
+                    // The 6-bit scales and mins of every row, in its lane.
+                    let (sc, m_pairs): ([__m512i; 8], [__m512i; 4]) = q4k_scales_mins!(blk);
                     let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
                         // A quarter of the superblock 8 KiB ahead per quarter worked on.
@@ -1966,8 +1998,8 @@ mod tests {
             eprintln!("no AMX-INT8 here: the tile kernels are not exercised");
             return;
         }
-        for ty in TYPES.into_iter().filter(|&ty| !is_kquant(ty)) {
-            let n = 160;
+        for ty in TYPES.into_iter().filter(|&ty| tiles_serve(isa, ty)) {
+            let n = if is_kquant(ty) { 512 } else { 160 };
             let act = crate::act_type(ty).unwrap();
             let act_bytes = act.row_bytes(n);
             let mut acts = Vec::new();

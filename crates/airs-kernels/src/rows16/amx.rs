@@ -1,28 +1,36 @@
-//! rows16 products of the legacy types (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) on Intel's AMX tile
-//! unit: a whole block of 16 rows × up to 16 tokens in one `tdpbssd`/`tdpbsud`.
+//! rows16 products on Intel's AMX tile unit: a block of 16 rows × up to 16 tokens in one
+//! `tdpbssd`/`tdpbsud`, for the legacy types (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and for Q4_K and
+//! Q5_K (each 32-value sub-block one tile product). Not Q6_K (16-value sub-blocks: its VNNI
+//! kernel serves it).
 //!
-//! What: the rows16 layout keeps, per 32-value block, 8 chunks of 64 bytes, chunk `k` holding
-//! codes `4k..4k+4` of row `r` at `4r`. That is exactly AMX's B operand for K = 32 (8 tile rows
-//! of 16 columns × 4 bytes), so a block's Q8_0 codes are loaded into a tile straight from the
-//! weight stream, and Q4_0/Q5_0's nibbles (and fifth-bit plane) are unpacked once into a
-//! 512-byte buffer for all the tokens. The A operand is the tokens' 32 activation codes of the
-//! block (one tile row each, strided by the activation row length); the product tile is the
-//! block's exact integer dots, tokens × 16 rows. Those leave the tile unit through a 1 KiB
-//! store and take the same float step as every other path (`(d·dy)·sumi`, plus `m·(dy·Σy)`
-//! for Q4_1/Q5_1, summed in block order), so the results are bit-identical to the scalar
-//! reference, as the tests check.
+//! What: the rows16 layout keeps, per 32 values, 8 chunks of 64 bytes, chunk `k` holding codes
+//! `4k..4k+4` of row `r` at `4r`. That is exactly AMX's B operand for K = 32 (8 tile rows of
+//! 16 columns × 4 bytes), so a block's Q8_0 codes are loaded into a tile straight from the
+//! weight stream, and the nibbles of the others (with their fifth bits) are unpacked once into
+//! 512-byte buffers for all the tokens. The A operand is the tokens' 32 activation codes of the
+//! block, copied once per product into tile order (`Activations::tile_codes`); the product
+//! tile is the block's exact integer dots, tokens × 16 rows. Those leave the tile unit through a
+//! 1 KiB store and take the same integer and float steps as every other path (`(d·dy)·sumi`,
+//! plus `m·(dy·Σy)` for Q4_1/Q5_1, summed in block order; for the k-quants `Σ sc·sumi`, then
+//! the superblock's float step), so the results are bit-identical to the scalar reference, as
+//! the tests check.
 //!
-//! Why: a batched decode step (issue 10: 4-16 sessions reading each weight once) is bound by
-//! the integer multiplies, and AVX-512's `vpdpbusd` spends one instruction per 4 codes × 16
-//! rows × token: 8 per block and token. The tile unit does a block for 16 tokens in one
+//! Why: a batched decode step (issue 10: 4-16 sessions reading each weight once) and a prompt
+//! are bound by the integer multiplies, and AVX-512's `vpdpbusd` spends one instruction per 4
+//! codes × 16 rows × token: 8 per block and token. The tile unit does a block for 16 tokens in one
 //! instruction at ~1,000 multiply-adds a cycle; what remains per block and token is the float
 //! step (a conversion, two multiplies, an add), which the VNNI kernel pays as well. Where the
 //! design comes from: Intel's AMX guide and llama.cpp's `ggml-cpu/amx` (which quantizes the
 //! activations to the tile layout per product); here the repacked weights already are the
 //! tile layout. Cost: per block, one tile store and one reload of the product per token, and
-//! for Q4_0/Q5_0 the unpacking into the buffer; the tile configuration is loaded once per call
+//! but for Q8_0 the unpacking into the buffer; the tile configuration is loaded once per call
 //! and the tile state released at its end (`tilerelease`), so a thread keeps no AMX state
-//! between products.
+//! between products. The tile instructions run in order and do not forward stores, so each
+//! buffer is read a few blocks after it was written (`LAG`, [`tile_step`]). Measured
+//! (BENCHMARKS.md, `decode_dram`, two threads): with 16 tokens 1.5-1.7× the VNNI kernels'
+//! speed (Q8_0, Q4_0, Q5_0, Q4_K; Q5_K 1.2×), with 10-12 tokens 1.2-1.5×, with 8 even, with 4
+//! slower (the float step, not the multiplies, bounds a block then): hence
+//! [`super::AMX_MIN_TOKENS`].
 //!
 //! Linux hands the tile registers to a process only on request (`arch_prctl
 //! ARCH_REQ_XCOMP_PERM`, once, in [`available`]); where the CPU lacks AMX-INT8 or the kernel
@@ -121,10 +129,10 @@ struct Scratch {
 }
 
 /// # Safety
-/// [`available`] returned true; AVX-512 F/BW/VL, AVX2, FMA and F16C; `w` whole groups of the
-/// activations' weight type (a legacy rows16 type); `tokens` 1..=[`MAX_TOKENS`] of its rows,
+/// [`available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of
+/// the activations' weight type (a legacy rows16 type, Q4_K or Q5_K); `tokens` 1..=[`MAX_TOKENS`] of its rows,
 /// whose terms it holds; `outs` one slice of at least `rows` values per row of `tokens`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
     w: &[u8],
     acts: &Activations<'_>,
@@ -133,31 +141,48 @@ pub(super) unsafe fn run(
 ) {
     let (ty, nb) = (acts.ty, acts.blocks);
     assert!((1..=MAX_TOKENS).contains(&tokens.len()));
-    assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
-    let layout = super::geometry(ty).expect("a legacy rows16 type");
-    assert!(!layout.min || acts.min_sum.len() >= tokens.end * nb);
-    let bb = layout.block;
-    let group_bytes = GROUP_ROWS * nb * bb;
     let config = TileConfig::new(tokens.len());
     // SAFETY: AMX was granted (caller); the configuration is a valid palette-1 one.
     unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
-    macro_rules! dispatch {
-        ($($t:literal)*) => {
-            match (ty, tokens.len()) {
-                $(
-                    (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    (GgmlType::Q5_0, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    (GgmlType::Q4_1, $t) => groups::<3, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    (_, $t) => groups::<4, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                )*
-                _ => unreachable!("1..=16 activation rows"),
-            }
-        };
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+        macro_rules! dispatch {
+            ($($t:literal)*) => {
+                match (ty, tokens.len()) {
+                    $(
+                        (GgmlType::Q4K, $t) => kquant_groups::<false, $t>(w, acts, tokens.start, outs),
+                        (_, $t) => kquant_groups::<true, $t>(w, acts, tokens.start, outs),
+                    )*
+                    _ => unreachable!("1..=16 activation rows"),
+                }
+            };
+        }
+        // SAFETY: CPU features and the geometry are as `kquant_groups` requires (caller);
+        // the tiles are configured for `tokens.len()` rows.
+        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+    } else {
+        assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
+        let layout = super::geometry(ty).expect("a legacy rows16 type");
+        assert!(!layout.min || acts.min_sum.len() >= tokens.end * nb);
+        let bb = layout.block;
+        let group_bytes = GROUP_ROWS * nb * bb;
+        macro_rules! dispatch {
+            ($($t:literal)*) => {
+                match (ty, tokens.len()) {
+                    $(
+                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q5_0, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (GgmlType::Q4_1, $t) => groups::<3, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                        (_, $t) => groups::<4, $t>(w, group_bytes, bb, acts, tokens.start, outs),
+                    )*
+                    _ => unreachable!("1..=16 activation rows"),
+                }
+            };
+        }
+        // SAFETY: CPU features and the geometry are as `groups` requires (caller, asserted);
+        // the tiles are configured for `tokens.len()` rows.
+        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
     }
-    // SAFETY: CPU features and the geometry are as `groups` requires (caller, asserted); the
-    // tiles are configured for `tokens.len()` rows.
-    unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
     // SAFETY: releases the tile state this call configured.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
@@ -414,4 +439,190 @@ unsafe fn unpack<const TY: u8>(blk: *const u8, codes: *mut u8) {
             _mm512_store_si512(codes.add(64 * (k + 4)).cast(), hi);
         }
     }
+}
+
+/// Q4_K (`FIVE` false) and Q5_K: every group of `w` with `T` activation rows (`t0..t0 + T`
+/// of `acts`). Per superblock, each of its 8 sub-blocks of 32 values is one tile product
+/// (its codes unpacked into a B tile, a superblock ahead); then per row the scalar
+/// reference's integers `isum = Σ sc·sumi` (`vpmulld`, exact) and `summ = Σ m·Σy`, and its
+/// float step `sum + ((d·dy)·isum − (dmin·dy)·summ)`, as the VNNI kernel (`q4k::x86::k4`).
+///
+/// # Safety
+/// As [`run`], for a Q4_K or Q5_K product, with the tiles configured for `T` rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn kquant_groups<const FIVE: bool, const T: usize>(
+    w: &[u8],
+    acts: &Activations<'_>,
+    t0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let nb = acts.blocks;
+    assert!(t0.is_multiple_of(MAX_TOKENS) && acts.tile_codes.len() * 64 >= 256 * nb * (t0 + T));
+    assert!(acts.dy.len() >= nb * (t0 + T) && acts.min_pairs.len() >= nb * (t0 + T));
+    let ys = acts
+        .tile_codes
+        .as_ptr()
+        .cast::<u8>()
+        .wrapping_add(256 * nb * t0);
+    let dys = &acts.dy[nb * t0..nb * (t0 + T)];
+    let pairs = &acts.min_pairs[nb * t0..nb * (t0 + T)];
+    let group_block = if FIVE {
+        super::q5k::GROUP_BLOCK
+    } else {
+        super::q4k::GROUP_BLOCK
+    };
+    let mut scratch = KScratch {
+        codes: [[[0; 512]; 8]; 2],
+        dots: [[0; 256]; 16],
+    };
+    for_groups(w, nb * group_block, outs, |group, f| {
+        // SAFETY: `group` is one whole group of `nb` superblocks (`for_groups`); `ys` holds
+        // the window's `nb` superblocks of 8 sub-blocks × `T` rows × 32 codes and `dys`,
+        // `pairs` their terms (asserted); CPU features and the tile configuration are the
+        // caller's.
+        let dots = unsafe {
+            kquant_superblocks::<FIVE, T>(group, nb, group_block, ys, dys, pairs, &mut scratch)
+        };
+        f.copy_from_slice(&dots);
+    });
+}
+
+/// The k-quant kernel's buffers: two superblocks of unpacked codes (8 sub-block B tiles
+/// each) and the products of the last 16 sub-blocks.
+#[repr(C, align(64))]
+struct KScratch {
+    codes: [[[u8; 512]; 8]; 2],
+    dots: [[i32; 256]; 16],
+}
+
+/// Unpacks superblock-group `blk`'s codes (Q4_K, or Q5_K with its fifth bits) into 8 B tiles:
+/// sub-block `2j` from the low nibbles of pair `j`, `2j + 1` from the high ones.
+///
+/// # Safety
+/// AVX-512 F/BW; `blk` one whole superblock-group of the layout; `codes` 8 × 512 writable
+/// bytes, 64-byte aligned.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_kquant<const FIVE: bool>(blk: *const u8, codes: *mut [u8; 512]) {
+    let at = if FIVE { super::q5k::CODES } else { 256 };
+    let low = _mm512_set1_epi8(0x0F);
+    // SAFETY: the codes (and Q5_K's `qh` registers) lie inside the superblock-group, the
+    // stores inside `codes` (caller).
+    unsafe {
+        for j in 0..4 {
+            let (lo_tile, hi_tile) = (
+                codes.add(2 * j).cast::<u8>(),
+                codes.add(2 * j + 1).cast::<u8>(),
+            );
+            let qs = blk.add(at + 512 * j);
+            for k in 0..8 {
+                let v = _mm512_loadu_si512(qs.add(64 * k).cast());
+                let mut lo = _mm512_and_si512(v, low);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                if FIVE {
+                    // Bits 2j (low nibbles) and 2j + 1 (high) of `qh`: +16 where set.
+                    let qh = _mm512_loadu_si512(blk.add(super::q5k::QH + 64 * k).cast());
+                    let sixteen = _mm512_set1_epi8(0x10);
+                    let (u1, u2) = ((1u8 << (2 * j)) as i8, (2u8 << (2 * j)) as i8);
+                    let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
+                    let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
+                    lo = _mm512_mask_add_epi8(lo, m1, lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, m2, hi, sixteen);
+                }
+                _mm512_store_si512(lo_tile.add(64 * k).cast(), lo);
+                _mm512_store_si512(hi_tile.add(64 * k).cast(), hi);
+            }
+        }
+    }
+}
+
+/// One k-quant group (see [`kquant_groups`]): returns its 16 row dots with each of the `T`
+/// activation rows. Superblock `b`'s 8 tile products run beside superblock `b + 1`'s unpacking
+/// and superblock `b − 1`'s integer and float steps; each product is stored one sub-block
+/// later (as [`tile_step`] says why).
+///
+/// # Safety
+/// As [`kquant_groups`]; `group` one whole group of `nb` superblocks of `group_block` bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn kquant_superblocks<const FIVE: bool, const T: usize>(
+    group: &[u8],
+    nb: usize,
+    group_block: usize,
+    ys: *const u8,
+    dys: &[f32],
+    pairs: &[[i32; 4]],
+    scratch: &mut KScratch,
+) -> [__m512; T] {
+    let mut f = [_mm512_setzero_ps(); T];
+    let p = group.as_ptr();
+    let block = |b: usize| p.wrapping_add(group_block * b);
+    let codes = scratch.codes.as_mut_ptr();
+    let dots = scratch.dots.as_mut_ptr().cast::<i32>();
+    // Sub-block unit `u` (superblock u / 8, sub-block u % 8)'s product buffer.
+    let dots_of = |u: usize| dots.wrapping_add(256 * (u % 16));
+    // Superblock b's integer and float steps, from its 8 stored products.
+    macro_rules! float_step {
+        ($b:expr) => {{
+            let b: usize = $b;
+            // SAFETY: superblock b < nb of the group and of every row's terms (caller); its
+            // products were stored at least 7 sub-blocks earlier.
+            unsafe {
+                let blk = block(b);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
+                let (sc, m_pairs): ([__m512i; 8], [__m512i; 4]) = q4k_scales_mins!(blk);
+                for t in 0..T {
+                    let mut isum = _mm512_setzero_si512();
+                    for (s, sc) in sc.iter().enumerate() {
+                        let c = _mm512_load_si512(dots_of(8 * b + s).add(16 * t).cast());
+                        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(c, *sc));
+                    }
+                    // Σ m_s · (bsum_2s + bsum_2s+1), exact: |pair| ≤ 32 · 128 fits i16.
+                    let mut summ = _mm512_setzero_si512();
+                    for (mp, &yp) in m_pairs.iter().zip(pairs.get_unchecked(t * nb + b)) {
+                        summ = _mm512_dpwssd_epi32(summ, *mp, _mm512_set1_epi32(yp));
+                    }
+                    let dy = _mm512_set1_ps(*dys.get_unchecked(t * nb + b));
+                    let term = _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum));
+                    let m_term = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ));
+                    f[t] = _mm512_add_ps(f[t], _mm512_sub_ps(term, m_term));
+                }
+            }
+        }};
+    }
+    // SAFETY: superblock 0 is in `group`; slot 0 is 8 tiles.
+    unsafe { unpack_kquant::<FIVE>(block(0), codes.cast()) };
+    for b in 0..nb {
+        // SAFETY: superblocks b (and b + 1 when below nb) are inside `group`, and
+        // superblock b of every activation row inside the window's tile codes (caller); the
+        // buffers are indexed modulo their counts (for unit 0 the previous set's store lands
+        // in buffer 15, which its own unit rewrites before its step reads it).
+        unsafe {
+            if b + 1 < nb {
+                unpack_kquant::<FIVE>(block(b + 1), codes.add((b + 1) % 2).cast());
+            }
+            let part = group_block / 8;
+            let tiles = codes.add(b % 2).cast::<[u8; 512]>();
+            for s in 0..8 {
+                let u = 8 * b + s;
+                prefetch_ahead::<T>(block(b).add(part * s), part);
+                let a = ys.add(32 * T * u);
+                let wt = tiles.add(s).cast::<u8>();
+                let before = dots_of(u + 15);
+                if s % 2 == 0 {
+                    tile_step::<0, false>(a, wt, before);
+                } else {
+                    tile_step::<1, false>(a, wt, before);
+                }
+            }
+        }
+        if b >= 1 {
+            float_step!(b - 1);
+        }
+    }
+    // SAFETY: the last sub-block's product (set 1: sub-block 7), to its buffer.
+    unsafe { tile_store::<1>(dots_of(8 * nb - 1)) };
+    float_step!(nb - 1);
+    f
 }
