@@ -28,30 +28,29 @@
 //! (`sum += sumi · (d·dy)` per block, in block order), so a repacked matrix gives results
 //! bit-identical to `dot(Isa::Scalar, ..)` on the GGUF bytes, for any number of tokens.
 //!
-//! Where the design comes from: ik_llama.cpp's `_R4`/`_R8` row-interleaved types
-//! (`-rtr`), which repack at load into a new type; here the type stays the file's and the
-//! permutation is a view the kernels know, so every other path (dequantize, the reference
-//! `dot`) keeps working through [`unpack_group`]. Cost: repacking reads and writes each
-//! byte once (done by the loader while the bytes are in cache after the read); a product
-//! reads each weight byte once per 16 tokens: per 64 weight bytes and token one load and
-//! unpack shared by the tokens, a broadcast and a `vpdpbusd`, plus the float step per block
-//! (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block terms (scales as f32,
-//! offset sums, sub-block sums) are computed once per product ([`Activations`]) and the kernels
-//! are compiled once per activation-row count 1..=16, so a group's 16-lane row dots for every
-//! token stay in registers. The k-quant layouts are read in address order. On AMD's cores one
-//! token of any type is left to the hardware prefetchers (with software prefetches, `prefetcht0` of every
-//! line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per thread against 22-24 without; Q4_0 and
-//! Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4 than without); on Intel's it
-//! prefetches as several tokens do, 1.2-1.5× faster there (`x86::one_token_prefetches`); several tokens,
-//! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
-//! BENCHMARKS.md). (On AVX2, one
-//! token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]):
-//! AVX-512 VNNI (`mod x86`), and for every type but Q6_K from [`AMX_MIN_TOKENS`] activation
-//! rows on, Intel's AMX tiles (`mod amx`, where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16,
-//! AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
-//! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only
-//! x86) the loaders do not repack, and a repacked group is unpacked into a buffer and
-//! multiplied by the GGUF-layout kernels.
+//! Where the design comes from: ik_llama.cpp's `_R4`/`_R8` row-interleaved types (`-rtr`), which
+//! repack at load into a new type; here the type stays the file's and the permutation is a view the
+//! kernels know, so every other path (dequantize, the reference `dot`) keeps working through
+//! [`unpack_group`]. Cost: repacking reads and writes each byte once (done by the loader while the
+//! bytes are in cache after the read); a product reads each weight byte once per 16 tokens: per 64
+//! weight bytes and token one load and unpack shared by the tokens, a broadcast and a `vpdpbusd`,
+//! plus the float step per block (speeds: BENCHMARKS.md, `decode_dram`). The activations' per-block
+//! terms (scales as f32, offset sums, sub-block sums) are computed once per product
+//! ([`Activations`]) and the kernels are compiled once per activation-row count 1..=16, so a
+//! group's 16-lane row dots for every token stay in registers. The k-quant layouts are read in
+//! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
+//! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
+//! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
+//! than without); on Intel's it prefetches as several tokens do, 1.2-1.5× faster there
+//! (`x86::one_token_prefetches`); several tokens, which work on each line longer, prefetch into L2
+//! 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one token of every type
+//! prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
+//! every type but Q6_K from [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`,
+//! where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`:
+//! `vpmaddubsw` into i16, AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the
+//! Pi 5; `mod neon`, unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without
+//! `sdot`, SSE-only x86) the loaders do not repack, and a repacked group is unpacked into a buffer
+//! and multiplied by the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 

@@ -15,22 +15,21 @@
 //! the superblock's float step), so the results are bit-identical to the scalar reference, as
 //! the tests check.
 //!
-//! Why: a batched decode step (issue 10: 4-16 sessions reading each weight once) and a prompt
-//! are bound by the integer multiplies, and AVX-512's `vpdpbusd` spends one instruction per 4
-//! codes × 16 rows × token: 8 per block and token. The tile unit does a block for 16 tokens in one
-//! instruction at ~1,000 multiply-adds a cycle; what remains per block and token is the float
-//! step (a conversion, two multiplies, an add), which the VNNI kernel pays as well. Where the
-//! design comes from: Intel's AMX guide and llama.cpp's `ggml-cpu/amx` (which quantizes the
-//! activations to the tile layout per product); here the repacked weights already are the
-//! tile layout. Cost: per block, one tile store and one reload of the product per token, and
-//! but for Q8_0 the unpacking into the buffer; the tile configuration is loaded once per call
-//! and the tile state released at its end (`tilerelease`), so a thread keeps no AMX state
-//! between products. The tile instructions run in order and do not forward stores, so each
-//! buffer is read a few blocks after it was written (`LAG`, [`tile_step`]). Measured
-//! (BENCHMARKS.md, `decode_dram`, two threads): with 16 tokens 1.5-1.7× the VNNI kernels'
-//! speed (Q8_0, Q4_0, Q5_0, Q4_K; Q5_K 1.2×), with 10-12 tokens 1.2-1.5×, with 8 even, with 4
-//! slower (the float step, not the multiplies, bounds a block then): hence
-//! [`super::AMX_MIN_TOKENS`].
+//! Why: a batched decode step (issue 10: 4-16 sessions reading each weight once) and a prompt are
+//! bound by the integer multiplies, and AVX-512's `vpdpbusd` spends one instruction per 4 codes ×
+//! 16 rows × token: 8 per block and token. The tile unit does a block for 16 tokens in one
+//! instruction at ~1,000 multiply-adds a cycle; what remains per block and token is the float step
+//! (a conversion, two multiplies, an add), which the VNNI kernel pays as well. Where the design
+//! comes from: Intel's AMX guide and llama.cpp's `ggml-cpu/amx` (which quantizes the activations to
+//! the tile layout per product); here the repacked weights already are the tile layout. Cost: per
+//! block, one tile store and one reload of the product per token, and but for Q8_0 the unpacking
+//! into the buffer; the tile configuration is loaded once per call and the tile state released at
+//! its end (`tilerelease`), so a thread keeps no AMX state between products. The tile instructions
+//! run in order and do not forward stores, so each buffer is read a few blocks after it was written
+//! (`LAG`, [`tile_step`]). Measured (BENCHMARKS.md, `decode_dram`, two threads): with 16 tokens
+//! 1.5-1.7× the VNNI kernels' speed (Q8_0, Q4_0, Q5_0, Q4_K; Q5_K 1.2×), with 10-12 tokens
+//! 1.2-1.5×, with 8 even, with 4 slower (the float step, not the multiplies, bounds a block then):
+//! hence [`super::AMX_MIN_TOKENS`].
 //!
 //! Linux hands the tile registers to a process only on request (`arch_prctl
 //! ARCH_REQ_XCOMP_PERM`, once, in [`available`]); where the CPU lacks AMX-INT8 or the kernel
@@ -128,10 +127,10 @@ struct Scratch {
     dots: [[i32; 256]; RING],
 }
 
-/// # Safety
-/// [`available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of
-/// the activations' weight type (a legacy rows16 type, Q4_K or Q5_K); `tokens` 1..=[`MAX_TOKENS`] of its rows,
-/// whose terms it holds; `outs` one slice of at least `rows` values per row of `tokens`.
+/// # Safety [`available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups
+/// of the activations' weight type (a legacy rows16 type, Q4_K or Q5_K); `tokens`
+/// 1..=[`MAX_TOKENS`] of its rows, whose terms it holds; `outs` one slice of at least `rows` values
+/// per row of `tokens`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
     w: &[u8],
@@ -285,11 +284,12 @@ unsafe fn tile_store<const S: u8>(dots: *mut i32) {
     }
 }
 
-/// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; returns the 16 row dots
-/// with each of the `T` activation rows (`ys`: their tile codes, block after block of `T`
-/// rows × 32 bytes; `terms`: their block terms in the same order, `Activations::tile_terms`). The same float step, in the same order, as the VNNI kernel
-/// (`x86::blocks`). Pipelined: block `b`'s tiles run beside block `b + LAG`'s unpacking, the
-/// store of block `b − 1`'s product and the float step of block `b − 1 − LAG`.
+/// One group: `TY` 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1, 4 = Q5_1; returns the 16 row dots with
+/// each of the `T` activation rows (`ys`: their tile codes, block after block of `T` rows × 32
+/// bytes; `terms`: their block terms in the same order, `Activations::tile_terms`). The same float
+/// step, in the same order, as the VNNI kernel (`x86::blocks`). Pipelined: block `b`'s tiles run
+/// beside block `b + LAG`'s unpacking, the store of block `b − 1`'s product and the float step of
+/// block `b − 1 − LAG`.
 ///
 /// # Safety
 /// As [`groups`]; `group` is one whole group of `nb` blocks of `bb` bytes per row.
