@@ -143,9 +143,14 @@ impl Service {
                         .unwrap_or_else(|| "a panic without a message".into());
                     let _ = failed.set(message);
                 }
-                // Only now are the scheduler and the command channel dropped (every sink it
-                // holds with them): a front end that sees its events end finds the failure.
-                drop((scheduler, rx));
+                // Only now are the command channel and the scheduler dropped (every sink they
+                // hold with them): a front end that sees its events end finds the failure. The
+                // channel first: a request submitted once a running request's sink was dropped
+                // must find the channel closed and fail at once, not queue into a channel about
+                // to be dropped with it (which ended its events without a failure: a flaky
+                // `a_panicking_engine_fails_every_later_request_with_its_message`).
+                drop(rx);
+                drop(scheduler);
             })
             .expect("spawning the engine thread");
         Service {
