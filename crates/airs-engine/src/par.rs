@@ -382,9 +382,9 @@ pub(crate) fn matmul_gated(
 
 /// Whether a product of `tokens` rows with `w` runs on the row kernels ([`RowJob`]): one token, or
 /// up to a group's worth of a repacked matrix, or any number where the rows16 kernels run on AMX
-/// tiles (16 rows at a time: 1.2-1.7× the VNNI kernels from 10 rows on; prompts 5-13 % faster than
-/// on the tiled kernels, BENCHMARKS.md). Longer inputs take the tiled kernels where the type has
-/// them ([`matmul_tiled`]).
+/// tiles (16 rows at a time: 1.2-1.75× the VNNI kernels from 10 rows on; TinyLlama's 512-token
+/// prompts 8-13 % faster than on the tiled kernels, Qwen2.5's within the noise, BENCHMARKS.md).
+/// Longer inputs take the tiled kernels where the type has them ([`matmul_tiled`]).
 fn by_rows(isa: Isa, w: &TensorRef, tokens: usize) -> bool {
     tokens == 1
         || (w.packed.is_some() && (tokens <= G || airs_kernels::rows16::tiles_serve(isa, w.ty)))

@@ -41,7 +41,7 @@
 //! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
-//! than without); on Intel's it prefetches as several tokens do, 1.2-1.5× faster there
+//! than without); on Intel's it prefetches as several tokens do, 1.2-1.55× faster there
 //! (`x86::one_token_prefetches`); several tokens, which work on each line longer, prefetch into L2
 //! 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one token of every type
 //! prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
@@ -429,6 +429,19 @@ impl<'a> Activations<'a> {
         n: usize,
         acts: &'a [u8],
     ) -> Result<Activations<'a>, KernelError> {
+        Activations::with_tiles(isa, ty, n, acts, Tiles::Auto)
+    }
+
+    /// [`Activations::new`] with the AMX choice `tiles`: the tile codes and terms are prepared
+    /// (and the products then run on tiles) only where `tiles` asks for them and
+    /// [`tiles_serve`] allows, so a one-token product on an AMX host copies nothing.
+    fn with_tiles(
+        isa: Isa,
+        ty: GgmlType,
+        n: usize,
+        acts: &'a [u8],
+        tiles: Tiles,
+    ) -> Result<Activations<'a>, KernelError> {
         if !has_layout(ty) {
             return Err(KernelError::UnsupportedType(ty));
         }
@@ -438,6 +451,12 @@ impl<'a> Activations<'a> {
         crate::check_len("rows16 activations", tokens * row_bytes, acts.len())?;
         let kquant = is_kquant(ty);
         let blocks = n / block_values(ty);
+        let on_tiles = tiles_serve(isa, ty)
+            && match tiles {
+                Tiles::Auto => tokens >= AMX_MIN_TOKENS,
+                Tiles::Always => true,
+                Tiles::Never => false,
+            };
         let mut a = Activations {
             ty,
             n,
@@ -458,7 +477,7 @@ impl<'a> Activations<'a> {
         // Fixed-size blocks (`as_chunks`), so the sums below compile to vector code: this
         // pass runs on the calling thread before every product's pool job.
         if kquant {
-            if tiles_serve(isa, ty) {
+            if on_tiles {
                 // Unit u = 8b + s (superblock b, sub-block s) of window t0 (W rows): its rows'
                 // 32 codes at 256·nb·t0 + 32·(W·u + t).
                 a.tile_codes = vec![Line([0; 64]); tokens * a.blocks * 4];
@@ -524,7 +543,7 @@ impl<'a> Activations<'a> {
                     a.min_sum.push(dy * sum as f32);
                 }
             }
-            if uses_amx(isa) {
+            if on_tiles {
                 a.tile_codes = vec![Line([0; 64]); (tokens * a.blocks).div_ceil(2)];
                 // SAFETY: `Line` is 64 plain bytes without padding.
                 let dst: &mut [u8] = unsafe {
@@ -647,21 +666,9 @@ pub fn matmul_with(
     matmul_rows(isa, w, acts, &mut outs)
 }
 
-/// [`matmul_with`] into one output slice per activation row (`outs[t][r]` = row r · activation
-/// row t; each slice at least as long as `w` has rows): rows of disjoint output ranges, as a
-/// row-chunked product over threads writes them, need no staging copy.
-pub fn matmul_rows(
-    isa: Isa,
-    w: &[u8],
-    acts: &Activations<'_>,
-    outs: &mut [&mut [f32]],
-) -> Result<(), KernelError> {
-    matmul_rows_on(isa, w, acts, outs, Tiles::Auto)
-}
-
-/// Whether a product may run on AMX tiles (x86-64 with AVX-512 VNNI and AMX-INT8, the types
-/// [`tiles_serve`] names): from [`AMX_MIN_TOKENS`] activation rows on (`Auto`), whatever the
-/// count (`Always`, for tests), or never.
+/// Whether a product's activations are prepared for AMX tiles (x86-64 with AVX-512 VNNI and
+/// AMX-INT8, the types [`tiles_serve`] names), so that it runs on them: from [`AMX_MIN_TOKENS`]
+/// activation rows on (`Auto`), whatever the count (`Always`, for tests), or never.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Tiles {
     Auto,
@@ -697,13 +704,14 @@ pub fn tiles_serve(isa: Isa, ty: GgmlType) -> bool {
     fast(isa, ty) && ty != GgmlType::Q6K && uses_amx(isa)
 }
 
-/// [`matmul_rows`] with the AMX choice `tiles`.
-fn matmul_rows_on(
+/// [`matmul_with`] into one output slice per activation row (`outs[t][r]` = row r · activation
+/// row t; each slice at least as long as `w` has rows): rows of disjoint output ranges, as a
+/// row-chunked product over threads writes them, need no staging copy.
+pub fn matmul_rows(
     isa: Isa,
     w: &[u8],
     acts: &Activations<'_>,
     outs: &mut [&mut [f32]],
-    tiles: Tiles,
 ) -> Result<(), KernelError> {
     let (ty, n) = (acts.ty, acts.n);
     let group_bytes = check_groups(ty, n, w.len())?;
@@ -731,14 +739,9 @@ fn matmul_rows_on(
         }
         return Ok(());
     }
+    // The tiles run where the activations were prepared for them (`Activations::with_tiles`).
     #[cfg(target_arch = "x86_64")]
-    let on_tiles = match tiles {
-        Tiles::Auto => tokens >= AMX_MIN_TOKENS,
-        Tiles::Always => true,
-        Tiles::Never => false,
-    };
-    #[cfg(target_arch = "x86_64")]
-    if on_tiles && tiles_serve(isa, ty) {
+    if !acts.tile_codes.is_empty() && tiles_serve(isa, ty) {
         assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
         for t0 in (0..tokens).step_by(amx::MAX_TOKENS) {
             let t1 = (t0 + amx::MAX_TOKENS).min(tokens);
@@ -750,8 +753,6 @@ fn matmul_rows_on(
         }
         return Ok(());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = tiles;
     #[cfg(target_arch = "x86_64")]
     if fast(isa, ty) {
         assert_eq!(acts.dy.len(), tokens * acts.blocks, "terms of a fast ISA");
@@ -2023,12 +2024,12 @@ mod tests {
                 let rows = natural.len() / row_bytes;
                 for tokens in 1..=18 {
                     let acts = &acts[..tokens * act_bytes];
-                    let prepared = Activations::new(isa, ty, n, acts).unwrap();
                     for tiles in [Tiles::Always, Tiles::Never] {
+                        let prepared = Activations::with_tiles(isa, ty, n, acts, tiles).unwrap();
                         let mut rows_out = vec![vec![f32::NAN; rows]; tokens];
                         let mut outs: Vec<&mut [f32]> =
                             rows_out.iter_mut().map(|r| r.as_mut_slice()).collect();
-                        matmul_rows_on(isa, &p, &prepared, &mut outs, tiles).unwrap();
+                        matmul_rows(isa, &p, &prepared, &mut outs).unwrap();
                         for (t, out) in rows_out.iter().enumerate() {
                             let a = &acts[t * act_bytes..(t + 1) * act_bytes];
                             for (r, got) in out.iter().enumerate() {

@@ -27,7 +27,7 @@
 //! its end (`tilerelease`), so a thread keeps no AMX state between products. The tile instructions
 //! run in order and do not forward stores, so each buffer is read a few blocks after it was written
 //! (`LAG`, [`tile_step`]). Measured (BENCHMARKS.md, `decode_dram`, two threads): with 16 tokens
-//! 1.5-1.7× the VNNI kernels' speed (Q8_0, Q4_0, Q5_0, Q4_K; Q5_K 1.2×), with 10-12 tokens
+//! 1.45-1.75× the VNNI kernels' speed (Q8_0, Q4_0, Q5_0, Q4_K; Q5_K 1.2×), with 10-12 tokens
 //! 1.2-1.5×, with 8 even, with 4 slower (the float step, not the multiplies, bounds a block then):
 //! hence [`super::AMX_MIN_TOKENS`].
 //!
@@ -127,10 +127,11 @@ struct Scratch {
     dots: [[i32; 256]; RING],
 }
 
-/// # Safety [`available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups
-/// of the activations' weight type (a legacy rows16 type, Q4_K or Q5_K); `tokens`
-/// 1..=[`MAX_TOKENS`] of its rows, whose terms it holds; `outs` one slice of at least `rows` values
-/// per row of `tokens`.
+/// # Safety
+/// [`available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` whole groups of the
+/// activations' weight type (a legacy rows16 type, Q4_K or Q5_K); `tokens` 1..=[`MAX_TOKENS`] of
+/// its rows, whose terms and tile codes it holds; `outs` one slice of at least `rows` values per
+/// row of `tokens`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn run(
     w: &[u8],
