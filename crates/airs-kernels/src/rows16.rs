@@ -41,9 +41,9 @@
 //! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
-//! than without); on Intel's it prefetches as several tokens do, 1.2-1.55× faster there
-//! (`x86::one_token_prefetches`); several tokens, which work on each line longer, prefetch into L2
-//! 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one token of every type
+//! than without); on Intel's it prefetches into L2 2 KiB ahead, 1.2-1.55× faster there
+//! (`x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several tokens, which work on each line
+//! longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one token of every type
 //! prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
 //! every type but Q6_K from [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`,
 //! where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`:
@@ -1622,6 +1622,18 @@ mod x86 {
         })
     }
 
+    /// How far ahead a product of several tokens prefetches ([`prefetch_ahead`]).
+    const SEVERAL_TOKENS_AHEAD: usize = 8192;
+
+    /// How far ahead one token's product prefetches where it does (Intel). On an Intel Xeon with
+    /// AMX (2 vCPUs, 480 MiB L3, read probe 33 GB/s), 8 KiB against 2 KiB, two builds alternated
+    /// five times (`airs bench decode --prompt-tokens 16 --gen-tokens 128 --reps 3 --loader
+    /// eager`, medians of the five): TinyLlama-1.1B Q8_0 24.7 → 25.4 tokens/s (faster in 5 of 5
+    /// pairs), Q4_K_M 39.0 → 39.6 (4 of 5), Qwen2.5-0.5B 65.7 → 66.2 (3 of 5); `decode_dram`
+    /// from DRAM, two threads, Q6_K 2048×5632 374-376 → 351-353 µs. Distances from 1 to 32 KiB
+    /// and the other hints were within those or worse (`prefetcht0` 25-30 % slower).
+    const ONE_TOKEN_AHEAD: usize = 2048;
+
     /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
     /// activation rows read — for several tokens, never for one.
     ///
@@ -1644,15 +1656,20 @@ mod x86 {
     /// or equal of eight distances and hints at 4 tokens, while Q8_0 at 2 tokens is faster without it
     /// (BENCHMARKS.md, "The read probe on huge pages").
     ///
-    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]).
+    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]), 2 KiB ahead
+    /// ([`ONE_TOKEN_AHEAD`]).
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
-        const AHEAD: usize = 8192;
+        let ahead = if T > 1 {
+            SEVERAL_TOKENS_AHEAD
+        } else {
+            ONE_TOKEN_AHEAD
+        };
         if T > 1 || one_token_prefetches() {
             for l in 0..bytes.div_ceil(64) {
                 // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
                 // (`wrapping_add` keeps the arithmetic defined).
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + 64 * l).cast()) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * l).cast()) };
             }
         }
     }

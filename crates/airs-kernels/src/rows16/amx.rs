@@ -1,7 +1,12 @@
 //! rows16 products on Intel's AMX tile unit: a block of 16 rows × up to 16 tokens in one
 //! `tdpbssd`/`tdpbsud`, for the legacy types (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and for Q4_K and
-//! Q5_K (each 32-value sub-block one tile product). Not Q6_K (16-value sub-blocks: its VNNI
-//! kernel serves it).
+//! Q5_K (each 32-value sub-block one tile product). Not Q6_K, whose VNNI kernel serves it: a
+//! tile product per 16-value sub-block (depth 16, the `tile_step` below with a 16-byte A and a
+//! 4-row B) was tried and measured slower (`decode_dram`, 16 tokens from cache, one thread,
+//! 2048×5632: 1,606 µs against the VNNI kernel's 1,408; without its integer step, 1,330). Twice
+//! Q4_K's tile products per superblock, each with its 1 KiB store, cost as much as the VNNI
+//! kernel's whole `vpdpbusd` work, and the per-sub-block scale step (`vpmulld` per token) is the
+//! same on both paths.
 //!
 //! What: the rows16 layout keeps, per 32 values, 8 chunks of 64 bytes, chunk `k` holding codes
 //! `4k..4k+4` of row `r` at `4r`. That is exactly AMX's B operand for K = 32 (8 tile rows of
