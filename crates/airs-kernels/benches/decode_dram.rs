@@ -1,8 +1,8 @@
 //! Decode from DRAM with 1 and 2 threads: one activation row against weight matrices that do
-//! not fit in the caches (a ring of copies ≥ 256 MiB and ≥ 4× the last-level cache), rows split between the threads as the
-//! engine splits them (one contiguous run of 64-row chunks per thread; `AIRS_BENCH_SPLIT=
-//! interleaved` hands the chunks out in turn instead, as the engine did before). Reports GB/s
-//! of weight bytes.
+//! not fit in the caches (a ring of copies ≥ 256 MiB and ≥ 4× the last-level cache), rows split
+//! between the threads as the engine splits them (one contiguous run of 64-row chunks per
+//! thread; `AIRS_BENCH_SPLIT=interleaved` hands the chunks out in turn instead, as the engine
+//! did before). Reports GB/s of weight bytes.
 //!
 //! Modes: `stream` (the read-bandwidth probe's kernel over the same bytes in the same chunks:
 //! the ceiling), `matmul` (the public entry: multi-row decode kernels) and `rowdot` (one `dot`

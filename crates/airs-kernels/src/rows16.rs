@@ -42,9 +42,9 @@
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
 //! than without); on Intel's it prefetches into L2 2 KiB ahead, 1.2-1.55× faster there
-//! (`x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several tokens, which work on each line
-//! longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2, one token of every type
-//! prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
+//! (`x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several tokens, which work on each
+//! line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2,
+//! one token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
 //! every type but Q6_K from [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`,
 //! where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`:
 //! `vpmaddubsw` into i16, AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the
@@ -1631,11 +1631,11 @@ mod x86 {
     /// eager`, medians of the five): TinyLlama-1.1B Q8_0 24.7 → 25.4 tokens/s (faster in 5 of 5
     /// pairs), Q4_K_M 39.0 → 39.6 (4 of 5), Qwen2.5-0.5B 65.7 → 66.2 (3 of 5); `decode_dram`
     /// from DRAM, two threads, Q6_K 2048×5632 374-376 → 351-353 µs. Distances from 1 to 32 KiB
-    /// and the other hints were within those or worse (`prefetcht0` 25-30 % slower).
+    /// were within those or worse; `prefetcht2` within the noise, `prefetcht0` 25-30 % slower.
     const ONE_TOKEN_AHEAD: usize = 2048;
 
-    /// Software prefetch, into L2 (`prefetcht1`) 8 KiB ahead, of the group stream `T`
-    /// activation rows read — for several tokens, never for one.
+    /// Software prefetch, into L2 (`prefetcht1`), of the group stream `T` activation rows read:
+    /// 8 KiB ahead for several tokens; for one only on Intel's cores, 2 KiB ahead.
     ///
     /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token streams
     /// every type at the read rate on the hardware prefetchers alone, and a software prefetch made
