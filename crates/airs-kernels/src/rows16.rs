@@ -41,16 +41,17 @@
 //! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
-//! than without); on Intel's it prefetches into L2 2 KiB ahead, 1.2-1.55× faster there
-//! (`x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several tokens, which work on each
-//! line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`; BENCHMARKS.md). (On AVX2,
-//! one token of every type prefetches, 2 KiB ahead: `mod avx2`.) Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for
-//! every type but Q6_K from [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`,
-//! where the CPU has AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`:
-//! `vpmaddubsw` into i16, AMD Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the
-//! Pi 5; `mod neon`, unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without
-//! `sdot`, SSE-only x86) the loaders do not repack, and a repacked group is unpacked into a buffer
-//! and multiplied by the GGUF-layout kernels.
+//! than without); on Intel's it prefetches into L2 (1.2-1.55× faster there 8 KiB ahead, and a
+//! little faster again 2 KiB ahead: `x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several
+//! tokens, which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
+//! BENCHMARKS.md). (On AVX2, one token of every type prefetches, 2 KiB ahead: `mod avx2`.)
+//! Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for every type but Q6_K from
+//! [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`, where the CPU has
+//! AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16, AMD
+//! Zen 2/3 and older Intel) and NEON with the dot product (`sdot`, the Pi 5; `mod neon`,
+//! unmeasured: no aarch64 hardware here); elsewhere (a Pi 4's NEON without `sdot`, SSE-only x86)
+//! the loaders do not repack, and a repacked group is unpacked into a buffer and multiplied by
+//! the GGUF-layout kernels.
 
 use crate::{GgmlType, Isa, KernelError};
 
@@ -105,6 +106,39 @@ macro_rules! q4k_scales_mins {
         });
         (sc, m_pairs)
     }};
+}
+
+/// A legacy type's block bytes and group bytes for the VNNI and AMX group kernels, after
+/// checking that `acts` holds the terms of its first `tokens_end` rows.
+#[cfg(target_arch = "x86_64")]
+fn legacy_group_geometry(acts: &Activations<'_>, tokens_end: usize) -> (usize, usize) {
+    let nb = acts.blocks;
+    assert!(acts.dy.len() >= tokens_end * nb && acts.offset_sum.len() >= tokens_end * nb);
+    let layout = geometry(acts.ty).expect("a legacy rows16 type");
+    assert!(!layout.min || acts.min_sum.len() >= tokens_end * nb);
+    (layout.block, GROUP_ROWS * nb * layout.block)
+}
+
+/// Calls `$groups::<TY, T>$args` for a legacy type `$ty` (`TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0,
+/// 3 = Q4_1, 4 = Q5_1, the codes the VNNI and AMX group kernels take) and `$tokens` activation
+/// rows (`T`, 1..=16): the one table from runtime type and count to their const generics.
+#[cfg(target_arch = "x86_64")]
+macro_rules! legacy_groups {
+    ($groups:ident, $ty:expr, $tokens:expr, $args:tt) => {
+        legacy_groups!(@rows $groups, $ty, $tokens, $args, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    };
+    (@rows $groups:ident, $ty:expr, $tokens:expr, $args:tt, $($t:literal)*) => {
+        match ($ty, $tokens) {
+            $(
+                (GgmlType::Q8_0, $t) => $groups::<0, $t> $args,
+                (GgmlType::Q4_0, $t) => $groups::<1, $t> $args,
+                (GgmlType::Q5_0, $t) => $groups::<2, $t> $args,
+                (GgmlType::Q4_1, $t) => $groups::<3, $t> $args,
+                (_, $t) => $groups::<4, $t> $args,
+            )*
+            _ => unreachable!("1..=16 activation rows"),
+        }
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1439,29 +1473,18 @@ mod x86 {
         tokens: Range<usize>,
         outs: &mut [&mut [f32]],
     ) {
-        let (ty, nb) = (acts.ty, acts.blocks);
+        let ty = acts.ty;
         assert!((1..=MAX_TOKENS).contains(&tokens.len()));
-        assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
-        let layout = super::geometry(ty).expect("a legacy rows16 type");
-        let bb = layout.block;
-        assert!(!layout.min || acts.min_sum.len() >= tokens.end * nb);
-        let group_bytes = GROUP_ROWS * nb * bb;
-        macro_rules! dispatch {
-            ($($t:literal)*) => {
-                match (ty, tokens.len()) {
-                    $(
-                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q5_0, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q4_1, $t) => groups::<3, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (_, $t) => groups::<4, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    )*
-                    _ => unreachable!("1..=16 activation rows"),
-                }
-            };
-        }
+        let (bb, group_bytes) = super::legacy_group_geometry(acts, tokens.end);
         // SAFETY: CPU features are the caller's; the geometry is as `groups` requires.
-        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+        unsafe {
+            legacy_groups!(
+                groups,
+                ty,
+                tokens.len(),
+                (w, group_bytes, bb, acts, tokens.start, outs)
+            )
+        }
     }
 
     /// [`for_groups`] over [`blocks`] with `T` activation rows, the 16 row dots of every row
@@ -1630,8 +1653,9 @@ mod x86 {
     /// five times (`airs bench decode --prompt-tokens 16 --gen-tokens 128 --reps 3 --loader
     /// eager`, medians of the five): TinyLlama-1.1B Q8_0 24.7 → 25.4 tokens/s (faster in 5 of 5
     /// pairs), Q4_K_M 39.0 → 39.6 (4 of 5), Qwen2.5-0.5B 65.7 → 66.2 (3 of 5); `decode_dram`
-    /// from DRAM, two threads, Q6_K 2048×5632 374-376 → 351-353 µs. Distances from 1 to 32 KiB
-    /// were within those or worse; `prefetcht2` within the noise, `prefetcht0` 25-30 % slower.
+    /// from DRAM, two threads, two alternations, Q6_K 2048×5632 374-376 → 351-366 µs, Q4_K
+    /// 5632×2048 246-249 → 225-242. 4, 16 and 24 KiB were within the noise of 8, 1 KiB slower;
+    /// `prefetcht2` within the noise, `prefetcht0` 25-30 % slower.
     const ONE_TOKEN_AHEAD: usize = 2048;
 
     /// Software prefetch, into L2 (`prefetcht1`), of the group stream `T` activation rows read:

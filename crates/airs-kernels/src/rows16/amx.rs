@@ -144,7 +144,7 @@ pub(super) unsafe fn run(
     tokens: Range<usize>,
     outs: &mut [&mut [f32]],
 ) {
-    let (ty, nb) = (acts.ty, acts.blocks);
+    let ty = acts.ty;
     assert!((1..=MAX_TOKENS).contains(&tokens.len()));
     let config = TileConfig::new(tokens.len());
     // SAFETY: AMX was granted (caller); the configuration is a valid palette-1 one.
@@ -165,28 +165,17 @@ pub(super) unsafe fn run(
         // the tiles are configured for `tokens.len()` rows.
         unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
     } else {
-        assert!(acts.dy.len() >= tokens.end * nb && acts.offset_sum.len() >= tokens.end * nb);
-        let layout = super::geometry(ty).expect("a legacy rows16 type");
-        assert!(!layout.min || acts.min_sum.len() >= tokens.end * nb);
-        let bb = layout.block;
-        let group_bytes = GROUP_ROWS * nb * bb;
-        macro_rules! dispatch {
-            ($($t:literal)*) => {
-                match (ty, tokens.len()) {
-                    $(
-                        (GgmlType::Q8_0, $t) => groups::<0, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q4_0, $t) => groups::<1, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q5_0, $t) => groups::<2, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (GgmlType::Q4_1, $t) => groups::<3, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                        (_, $t) => groups::<4, $t>(w, group_bytes, bb, acts, tokens.start, outs),
-                    )*
-                    _ => unreachable!("1..=16 activation rows"),
-                }
-            };
-        }
+        let (bb, group_bytes) = super::legacy_group_geometry(acts, tokens.end);
         // SAFETY: CPU features and the geometry are as `groups` requires (caller, asserted);
         // the tiles are configured for `tokens.len()` rows.
-        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+        unsafe {
+            legacy_groups!(
+                groups,
+                ty,
+                tokens.len(),
+                (w, group_bytes, bb, acts, tokens.start, outs)
+            )
+        }
     }
     // SAFETY: releases the tile state this call configured.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
