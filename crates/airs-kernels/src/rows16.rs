@@ -41,9 +41,10 @@
 //! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
-//! than without); on Intel's it prefetches into L2 (1.2-1.55× faster there 8 KiB ahead, and a
-//! little faster again 2 KiB ahead: `x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`); several
-//! tokens, which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
+//! than without); on Intel's it prefetches into L2 (1.2-1.55× faster there 8 KiB ahead, and
+//! faster again 3 KiB ahead with each block's prefetches kept ahead of its loads:
+//! `x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`, `x86::prefetch_ahead`); several tokens,
+//! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
 //! BENCHMARKS.md). (On AVX2, one token of every type prefetches, 2 KiB ahead: `mod avx2`.)
 //! Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for every type but Q6_K from
 //! [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`, where the CPU has
@@ -1649,14 +1650,22 @@ mod x86 {
     const SEVERAL_TOKENS_AHEAD: usize = 8192;
 
     /// How far ahead one token's product prefetches where it does (Intel). On an Intel Xeon with
-    /// AMX (2 vCPUs, 480 MiB L3, read probe 33 GB/s), 8 KiB against 2 KiB, two builds alternated
-    /// five times (`airs bench decode --prompt-tokens 16 --gen-tokens 128 --reps 3 --loader
-    /// eager`, medians of the five): TinyLlama-1.1B Q8_0 24.7 → 25.4 tokens/s (faster in 5 of 5
-    /// pairs), Q4_K_M 39.0 → 39.6 (4 of 5), Qwen2.5-0.5B 65.7 → 66.2 (3 of 5); `decode_dram`
-    /// from DRAM, two threads, two alternations, Q6_K 2048×5632 374-376 → 351-366 µs, Q4_K
-    /// 5632×2048 246-249 → 225-242. 4, 16 and 24 KiB were within the noise of 8, 1 KiB slower;
-    /// `prefetcht2` within the noise, `prefetcht0` 25-30 % slower.
-    const ONE_TOKEN_AHEAD: usize = 2048;
+    /// AMX (2 vCPUs, 480 MiB L3, read probe 33 GB/s), with the prefetches issued as the compiler
+    /// placed them: 8 KiB against 2 KiB, two builds alternated five times (`airs bench decode
+    /// --prompt-tokens 16 --gen-tokens 128 --reps 3 --loader eager`, medians of the five):
+    /// TinyLlama-1.1B Q8_0 24.7 → 25.4 tokens/s (faster in 5 of 5 pairs), Q4_K_M 39.0 → 39.6 (4
+    /// of 5), Qwen2.5-0.5B 65.7 → 66.2 (3 of 5); `decode_dram` from DRAM, two threads, two
+    /// alternations, Q6_K 2048×5632 374-376 → 351-366 µs, Q4_K 5632×2048 246-249 → 225-242. 4,
+    /// 16 and 24 KiB were within the noise of 8, 1 KiB slower; `prefetcht2` within the noise,
+    /// `prefetcht0` 25-30 % slower. With the prefetches kept ahead of the loads
+    /// ([`prefetch_ahead`]), `decode_dram` one token, two threads from DRAM, two passes each
+    /// (µs; Q5_0 and Q4_0 4864×896, Q8_0, Q4_K and Q5_K 5632×2048, Q6_K 2048×5632): 1 KiB
+    /// 122/87/386-387/246/-/361-366, 2 KiB 112-113/77-80/382-399/219-230/-/342-343, 2.5 KiB
+    /// 107-109/77-80/377/228-234/275-285/323-331, **3 KiB** 106-110/76-80/371-383/215-224/
+    /// 279-281/337-347, 3.5 KiB 106-107/79-81/385-392/225/280/350-356, 4 KiB and more slower
+    /// again; `airs bench decode` alternated, 2.5 against 3 KiB: TinyLlama-1.1B Q4_K_M
+    /// 41.8-43.4 against 43.6-44.0 tokens/s, Qwen2.5-0.5B 72.2-76.3 against 71.6-76.6.
+    const ONE_TOKEN_AHEAD: usize = 3072;
 
     /// Software prefetch, into L2 (`prefetcht1`), of the group stream `T` activation rows read:
     /// 8 KiB ahead for several tokens; for one only on Intel's cores, 2 KiB ahead.
@@ -1680,20 +1689,36 @@ mod x86 {
     /// or equal of eight distances and hints at 4 tokens, while Q8_0 at 2 tokens is faster without it
     /// (BENCHMARKS.md, "The read probe on huge pages").
     ///
-    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]), 2 KiB ahead
-    /// ([`ONE_TOKEN_AHEAD`]).
+    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]), 3 KiB ahead
+    /// ([`ONE_TOKEN_AHEAD`]), and there the prefetches stay where the kernel calls this, before
+    /// the loads of the block they are issued for: an `asm!` block that may touch memory, which
+    /// the compiler does not move loads across. With `_mm_prefetch` the compiler had placed them
+    /// at the end of the block's work, after its loads and arithmetic, and the same product from
+    /// DRAM was slower (`decode_dram`, one token, two threads, 2 KiB ahead, three alternations,
+    /// µs): Q4_0 4864×896 96-101 → 76-78 (the stream over the same bytes: 76), Q8_0 5632×2048
+    /// 431-445 → 380-410, Q4_K 5632×2048 232-239 → 217-227, Q6_K 2048×5632 344-354 → 336-349,
+    /// Q5_0 4864×896 104-107 → 105-110. Several tokens keep `_mm_prefetch`, placed by the
+    /// compiler: held ahead of the loads, 4 tokens of Q4_K took 300-302 µs against 271-272.
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
-        let ahead = if T > 1 {
-            SEVERAL_TOKENS_AHEAD
-        } else {
-            ONE_TOKEN_AHEAD
-        };
-        if T > 1 || one_token_prefetches() {
+        if T > 1 {
             for l in 0..bytes.div_ceil(64) {
+                let line = p.wrapping_add(SEVERAL_TOKENS_AHEAD + 64 * l);
                 // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
                 // (`wrapping_add` keeps the arithmetic defined).
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * l).cast()) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.cast()) };
+            }
+        } else if one_token_prefetches() {
+            for l in 0..bytes.div_ceil(64) {
+                let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
+                // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
+                // (`wrapping_add` keeps the arithmetic defined); it writes no register but the
+                // address operand's, which is an input, and no flags. The block is not marked
+                // `nomem` or `readonly` on purpose: the compiler must not move the kernel's
+                // loads across it (above).
+                unsafe {
+                    std::arch::asm!("prefetcht1 [{}]", in(reg) line, options(nostack, preserves_flags))
+                };
             }
         }
     }
