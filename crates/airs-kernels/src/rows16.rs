@@ -945,6 +945,13 @@ pub(crate) mod q4k {
         /// `isum = Σ sc·sumi` and `summ = Σ m·Σy` (exact), then its float step
         /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
         ///
+        /// One token prefetches (on Intel: `prefetch_ahead`) a thirty-second of the
+        /// superblock per 64-byte chunk of codes it loads, not a quarter per quarter as
+        /// several tokens do: `decode_dram`, one token, two threads from DRAM, three passes,
+        /// 214-219 → 206-208 µs (Q4_K 5632×2048; the stream over the same bytes 205),
+        /// 77-79 → 72-75 (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048;
+        /// stream 243); an eighth or a sixteenth per part were in between.
+        ///
         /// # Safety
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks
         /// of the layout (`q4k`, or `q5k` when `FIVE`).
@@ -977,13 +984,21 @@ pub(crate) mod q4k {
                     let (sc, m_pairs): ([__m512i; 8], [__m512i; 4]) = q4k_scales_mins!(blk);
                     let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
-                        // A quarter of the superblock 8 KiB ahead per quarter worked on.
+                        // Several tokens: a quarter of the superblock 8 KiB ahead per quarter
+                        // worked on; one token: an eighth of that per chunk `k` (`k4`'s
+                        // docs).
                         let part = group_block / 4;
-                        crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part);
+                        if T > 1 {
+                            crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part);
+                        }
                         let qs = blk.add(codes + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
                         for k in 0..8 {
+                            if T == 1 {
+                                let at = blk.add(part * j + part / 8 * k);
+                                crate::rows16::x86::prefetch_ahead::<1>(at, part / 8);
+                            }
                             let v = _mm512_loadu_si512(qs.add(64 * k).cast());
                             lo[k] = _mm512_and_si512(v, low);
                             hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
@@ -1289,7 +1304,11 @@ pub(crate) mod q6k {
         /// feed eight `vpdpbusd` chains (quarter × sub-block). The many-token order (one
         /// quarter at a time, its codes shared by the tokens) reads `ql` twice and `qh` four
         /// times per half, out of address order. Same integers, same float step: the same
-        /// bits.
+        /// bits. Where one token prefetches (Intel: `prefetch_ahead`), a sixteenth of the
+        /// superblock per chunk `k`, not half of it per half: `decode_dram`, one token, two
+        /// threads from DRAM, three passes, Q6_K 2048×5632 336-342 → 304-308 µs (the stream
+        /// over the same bytes: 295), 896×4864 127-130 → 114-116 (stream 112); a quarter or
+        /// an eighth of the superblock per part were in between.
         ///
         /// # Safety
         /// As [`superblocks`] with one activation row.
@@ -1310,14 +1329,16 @@ pub(crate) mod q6k {
                     let bs = a.bsums.get_unchecked(b);
                     let mut isum = _mm512_setzero_si512();
                     for h in 0..2 {
-                        // Where one token prefetches (Intel), half a superblock per half.
+                        // Where one token prefetches (Intel): a sixteenth of the superblock
+                        // per chunk `k` worked on (`superblocks_one`'s docs).
                         let half = GROUP_BLOCK / 2;
-                        crate::rows16::x86::prefetch_ahead::<1>(blk.add(half * h), half);
                         // acc[fq][s]: sub-block 8h + 2fq + s, starting from its offset term.
                         let mut acc: [[__m512i; 2]; 4] = std::array::from_fn(|fq| {
                             std::array::from_fn(|s| _mm512_set1_epi32(-32 * bs[8 * h + 2 * fq + s]))
                         });
                         for k in 0..8 {
+                            let at = blk.add(half * h + half / 8 * k);
+                            crate::rows16::x86::prefetch_ahead::<1>(at, half / 8);
                             let ql0 = _mm512_loadu_si512(blk.add(ql(h, k)).cast());
                             let ql1 = _mm512_loadu_si512(blk.add(ql(h, 8 + k)).cast());
                             let qh = _mm512_loadu_si512(blk.add(qh(h, k)).cast());
