@@ -1738,7 +1738,11 @@ mod x86 {
                 // `nomem` or `readonly` on purpose: the compiler must not move the kernel's
                 // loads across it (above).
                 unsafe {
-                    std::arch::asm!("prefetcht1 [{}]", in(reg) line, options(nostack, preserves_flags))
+                    std::arch::asm!(
+                        "prefetcht1 [{}]",
+                        in(reg) line,
+                        options(nostack, preserves_flags)
+                    )
                 };
             }
         }
