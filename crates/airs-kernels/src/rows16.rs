@@ -1681,15 +1681,16 @@ mod x86 {
     /// `prefetcht0` 25-30 % slower. With the prefetches kept ahead of the loads
     /// ([`prefetch_ahead`]), `decode_dram` one token, two threads from DRAM, two passes each
     /// (µs; Q5_0 and Q4_0 4864×896, Q8_0, Q4_K and Q5_K 5632×2048, Q6_K 2048×5632): 1 KiB
-    /// 122/87/386-387/246/-/361-366, 2 KiB 112-113/77-80/382-399/219-230/-/342-343, 2.5 KiB
+    /// 122/86-87/386-387/246/-/361-366, 2 KiB 112-113/77-80/382-399/219-230/-/342-343, 2.5 KiB
     /// 107-109/77-80/377/228-234/275-285/323-331, **3 KiB** 106-110/76-80/371-383/215-224/
-    /// 279-281/337-347, 3.5 KiB 106-107/79-81/385-392/225/280/350-356, 4 KiB and more slower
-    /// again; `airs bench decode` alternated, 2.5 against 3 KiB: TinyLlama-1.1B Q4_K_M
-    /// 41.8-43.4 against 43.6-44.0 tokens/s, Qwen2.5-0.5B 72.2-76.3 against 71.6-76.6.
+    /// 279-281/337-347, 3.5 KiB 106-107/79-81/385-392/225/279-280/350-356, 4 KiB and more
+    /// slower again (the k-quants then prefetched a quarter and a half superblock a part);
+    /// `airs bench decode` alternated, 2.5 against 3 KiB: TinyLlama-1.1B Q4_K_M 41.8-43.4
+    /// against 43.6-44.0 tokens/s, Qwen2.5-0.5B 72.2-76.3 against 71.6-76.6.
     const ONE_TOKEN_AHEAD: usize = 3072;
 
     /// Software prefetch, into L2 (`prefetcht1`), of the group stream `T` activation rows read:
-    /// 8 KiB ahead for several tokens; for one only on Intel's cores, 2 KiB ahead.
+    /// 8 KiB ahead for several tokens; for one only on Intel's cores, 3 KiB ahead.
     ///
     /// Why (BENCHMARKS.md, `decode_dram`, huge pages as the loaders map them): one token streams
     /// every type at the read rate on the hardware prefetchers alone, and a software prefetch made
@@ -1716,7 +1717,9 @@ mod x86 {
     /// the compiler does not move loads across. With `_mm_prefetch` the compiler had placed them
     /// at the end of the block's work, after its loads and arithmetic, and the same product from
     /// DRAM was slower (`decode_dram`, one token, two threads, 2 KiB ahead, three alternations,
-    /// µs): Q4_0 4864×896 96-101 → 76-78 (the stream over the same bytes: 76), Q8_0 5632×2048
+    /// µs; but for Q4_0 in a build that also loaded the next block-group's vectors a block
+    /// early, which changed nothing else): Q4_0 4864×896 96-101 → 76-78 (the stream over the
+    /// same bytes: 76; 80-85 with the early loads), Q8_0 5632×2048
     /// 431-445 → 380-410, Q4_K 5632×2048 232-239 → 217-227, Q6_K 2048×5632 344-354 → 336-349,
     /// Q5_0 4864×896 104-107 → 105-110. Several tokens keep `_mm_prefetch`, placed by the
     /// compiler: held ahead of the loads, 4 tokens of Q4_K took 300-302 µs against 271-272.
@@ -1733,8 +1736,8 @@ mod x86 {
             for l in 0..bytes.div_ceil(64) {
                 let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
                 // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
-                // (`wrapping_add` keeps the arithmetic defined); it writes no register but the
-                // address operand's, which is an input, and no flags. The block is not marked
+                // (`wrapping_add` keeps the arithmetic defined); it writes no register and no
+                // flags, and touches no stack. The block is not marked
                 // `nomem` or `readonly` on purpose: the compiler must not move the kernel's
                 // loads across it (above).
                 unsafe {
