@@ -1717,11 +1717,11 @@ mod x86 {
     /// the compiler does not move loads across. With `_mm_prefetch` the compiler had placed them
     /// at the end of the block's work, after its loads and arithmetic, and the same product from
     /// DRAM was slower (`decode_dram`, one token, two threads, 2 KiB ahead, three alternations,
-    /// µs; but for Q4_0 in a build that also loaded the next block-group's vectors a block
-    /// early, which changed nothing else): Q4_0 4864×896 96-101 → 76-78 (the stream over the
-    /// same bytes: 76; 80-85 with the early loads), Q8_0 5632×2048
-    /// 431-445 → 380-410, Q4_K 5632×2048 232-239 → 217-227, Q6_K 2048×5632 344-354 → 336-349,
-    /// Q5_0 4864×896 104-107 → 105-110. Several tokens keep `_mm_prefetch`, placed by the
+    /// µs; every figure but Q4_0's from a build that also loaded the next block-group's vectors
+    /// a block early, which changed nothing but Q4_0's): Q4_0 4864×896 96-101 → 76-78 (the
+    /// stream over the same bytes: 76; 80-85 with the early loads), Q8_0 5632×2048 431-445 →
+    /// 380-410, Q4_K 5632×2048 232-239 → 217-227, Q6_K 2048×5632 344-354 → 336-349, Q5_0
+    /// 4864×896 104-107 → 105-110. Several tokens keep `_mm_prefetch`, placed by the
     /// compiler: held ahead of the loads, 4 tokens of Q4_K took 300-302 µs against 271-272.
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
@@ -1737,9 +1737,8 @@ mod x86 {
                 let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
                 // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
                 // (`wrapping_add` keeps the arithmetic defined); it writes no register and no
-                // flags, and touches no stack. The block is not marked
-                // `nomem` or `readonly` on purpose: the compiler must not move the kernel's
-                // loads across it (above).
+                // flags, and touches no stack. The block is not marked `nomem` or `readonly` on
+                // purpose: the compiler must not move the kernel's loads across it (above).
                 unsafe {
                     std::arch::asm!(
                         "prefetcht1 [{}]",
