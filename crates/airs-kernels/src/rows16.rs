@@ -45,7 +45,9 @@
 //! faster again 3 KiB ahead with each block's prefetches kept ahead of its loads:
 //! `x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`, `x86::prefetch_ahead`); several tokens,
 //! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
-//! BENCHMARKS.md). (On AVX2, one token of every type prefetches, 2 KiB ahead: `mod avx2`.)
+//! BENCHMARKS.md), the k-quant kernels on Intel's cores into L1, a line or two per chunk of codes
+//! (`x86::prefetch_kquant_ahead`). (On AVX2, one token of every type prefetches, 2 KiB ahead:
+//! `mod avx2`.)
 //! Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for every type but Q6_K from
 //! [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`, where the CPU has
 //! AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16, AMD
@@ -945,12 +947,14 @@ pub(crate) mod q4k {
         /// `isum = Σ sc·sumi` and `summ = Σ m·Σy` (exact), then its float step
         /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
         ///
-        /// One token prefetches (on Intel: `prefetch_ahead`) a thirty-second of the
-        /// superblock per 64-byte chunk of codes it loads, not a quarter per quarter as
-        /// several tokens do: `decode_dram`, one token, two threads from DRAM, three passes,
-        /// 214-219 → 206-208 µs (Q4_K 5632×2048; the stream over the same bytes 205),
-        /// 77-79 → 72-75 (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048;
-        /// stream 243); an eighth or a sixteenth per part were in between.
+        /// The kernel prefetches (`prefetch_kquant_ahead`; one token only on Intel's cores) a
+        /// thirty-second of the superblock per 64-byte chunk of codes it loads, not a quarter
+        /// per quarter: `decode_dram`, one token, two threads from DRAM, three passes, 214-219
+        /// → 206-208 µs (Q4_K 5632×2048; the stream over the same bytes 205), 77-79 → 72-75
+        /// (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048; stream 243), an
+        /// eighth or a sixteenth per part in between; several tokens, two passes, Q4_K
+        /// 5632×2048 2 tokens 261 → 203-210, 4 tokens 266 → 222, 8 tokens 370-374 → 308-311,
+        /// 16 within the noise (the multipliers' bound), 896×4864 4 tokens 102 → 80.
         ///
         /// # Safety
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks
@@ -984,21 +988,14 @@ pub(crate) mod q4k {
                     let (sc, m_pairs): ([__m512i; 8], [__m512i; 4]) = q4k_scales_mins!(blk);
                     let mut isum = [_mm512_setzero_si512(); T];
                     for j in 0..4 {
-                        // Several tokens: a quarter of the superblock 8 KiB ahead per quarter
-                        // worked on; one token: an eighth of that per chunk `k` (`k4`'s
-                        // docs).
+                        // An eighth of the quarter per chunk `k` worked on (`k4`'s docs).
                         let part = group_block / 4;
-                        if T > 1 {
-                            crate::rows16::x86::prefetch_ahead::<T>(blk.add(part * j), part);
-                        }
                         let qs = blk.add(codes + 512 * j);
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
                         for k in 0..8 {
-                            if T == 1 {
-                                let at = blk.add(part * j + part / 8 * k);
-                                crate::rows16::x86::prefetch_ahead::<1>(at, part / 8);
-                            }
+                            let at = blk.add(part * j + part / 8 * k);
+                            crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
                             let v = _mm512_loadu_si512(qs.add(64 * k).cast());
                             lo[k] = _mm512_and_si512(v, low);
                             hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
@@ -1405,14 +1402,19 @@ pub(crate) mod q6k {
                     let mut isum = [_mm512_setzero_si512(); T];
                     for h in 0..2 {
                         for fq in 0..4 {
-                            // An eighth of the superblock 8 KiB ahead per eighth worked on.
+                            // A sixty-fourth of the superblock per chunk `k` worked on, not
+                            // an eighth per eighth: `decode_dram` from DRAM, two threads, two
+                            // passes, 2048×5632 2 tokens 363-367 → 278-281 µs, 4 tokens
+                            // 394-396 → 292-294, 8 tokens 509-513 → 465-471, 16 714-747 →
+                            // 715-728; 896×4864 4 tokens 149-151 → 110.
                             let part = GROUP_BLOCK / 8;
                             let at = blk.add(part * (4 * h + fq));
-                            crate::rows16::x86::prefetch_ahead::<T>(at, part);
                             // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
                             // 8h + 2fq (k < 4) and 8h + 2fq + 1.
                             let mut codes = [_mm512_setzero_si512(); 8];
                             for (k, c) in codes.iter_mut().enumerate() {
+                                let chunk = at.add(part / 8 * k);
+                                crate::rows16::x86::prefetch_kquant_ahead::<T>(chunk, part / 8);
                                 let ql =
                                     _mm512_loadu_si512(blk.add(ql(h, 8 * (fq % 2) + k)).cast());
                                 let nib = if fq < 2 {
@@ -1703,13 +1705,15 @@ mod x86 {
     /// from DRAM took twice as long as from cache, and far longer than one token's stream (Q6_K
     /// 2048×5632, 4 tokens: 460 µs from DRAM, 221 from L3, one token 293); this prefetch closes
     /// much of that (Q6_K 4 tokens 420-450 µs, 16 tokens 1,307 → 965-1,100; Q4_K 5632×2048 4 tokens
-    /// 295 → 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152). Into L1 (`prefetcht0`) it evicted
-    /// the activation rows the tokens re-read and was twice as slow. The k-quant kernels prefetch a
-    /// superblock in parts, one per part of it they work on, not all 37-53 lines at once: Q6_K 4
-    /// tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116 (896×4864). Those figures ran on
-    /// rings partly on base pages; with every matrix on huge pages, 8 KiB into L2 is still the best
-    /// or equal of eight distances and hints at 4 tokens, while Q8_0 at 2 tokens is faster without it
-    /// (BENCHMARKS.md, "The read probe on huge pages").
+    /// 295 → 219-262; Q8_0 4864×896 4 tokens 191-196 → 149-152; these on AMD Zen 4). Into L1
+    /// (`prefetcht0`) it evicted the activation rows the tokens re-read and was twice as slow. The
+    /// k-quant kernels prefetch a superblock in parts, one per part of it they work on, not all
+    /// 37-53 lines at once: Q6_K 4 tokens 419-430 → 293-361 µs (2048×5632), 167-169 → 110-116
+    /// (896×4864); now one or two lines per chunk of codes ([`prefetch_kquant_ahead`], into L1 on
+    /// Intel's cores). Those figures ran on rings partly on base pages; with every matrix on huge
+    /// pages, 8 KiB into L2 is still the best or equal of eight distances and hints at 4 tokens,
+    /// while Q8_0 at 2 tokens is faster without it (BENCHMARKS.md, "The read probe on huge
+    /// pages").
     ///
     /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]), 3 KiB ahead
     /// ([`ONE_TOKEN_AHEAD`]), and there the prefetches stay where the kernel calls this, before
@@ -1747,6 +1751,30 @@ mod x86 {
                     )
                 };
             }
+        }
+    }
+
+    /// [`prefetch_ahead`] for the k-quant VNNI kernels, which prefetch a superblock-group in
+    /// parts of one or two lines, one per chunk of codes they load: on Intel's cores
+    /// ([`one_token_prefetches`]) several tokens prefetch into L1 (`prefetcht0`), 8 KiB ahead.
+    /// `decode_dram` from DRAM, two threads, two alternations, µs, L2 → L1: Q4_K 5632×2048 2
+    /// tokens 202-206 → 192-202, 4 tokens 219-233 → 198-209, 8 tokens 315-317 → 306; Q6_K
+    /// 2048×5632 2 tokens 278-287 → 274-283, 4 tokens 300-312 → 294-302, 8 tokens 484-498 →
+    /// 453-485, 16 tokens 736-764 → 727-739. The legacy kernels (Q8_0 4864×896, 2 tokens
+    /// 157 → 184-233; Q5_0 124-127 → 164) and the AMX tiles (Q4_K 16 tokens 471-474 → 507-508)
+    /// were slower into L1, and keep [`prefetch_ahead`]. On AMD's cores, where into L1 was
+    /// twice as slow with a quarter superblock a part (above), several tokens keep L2.
+    #[inline]
+    pub(super) fn prefetch_kquant_ahead<const T: usize>(p: *const u8, bytes: usize) {
+        if T > 1 && one_token_prefetches() {
+            for l in 0..bytes.div_ceil(64) {
+                let line = p.wrapping_add(SEVERAL_TOKENS_AHEAD + 64 * l);
+                // SAFETY: `prefetcht0` is a hint: it never faults, whatever the address
+                // (`wrapping_add` keeps the arithmetic defined).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
+            }
+        } else {
+            prefetch_ahead::<T>(p, bytes);
         }
     }
 
