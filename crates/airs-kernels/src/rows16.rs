@@ -1813,7 +1813,21 @@ mod x86 {
             // (caller).
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
-                prefetch_ahead::<T>(blk, GROUP_ROWS * bb);
+                // One token prefetches the whole block-group ahead at once; two spread it over
+                // the work on it, a line or so per chunk `k` of each token's dot; more, a
+                // `T`-th of it per token, but Q8_0 the whole block-group at once. `decode_dram`
+                // from DRAM, two threads, two passes, µs, 4864×896: Q5_0 2 tokens 127-129 →
+                // 96-102, 4 tokens 142-145 → 117-125, 8 tokens 163-168 → 141-152; Q4_0 2
+                // tokens 100 → 81, 4 tokens 112 → 103; Q8_0 2 tokens 159-166 → 137-145 (5632×2048
+                // 414-435 → 349-373). Per chunk with 3 or more tokens, or a `T`-th per token
+                // with 2, was slower or level; Q8_0 by token parts was level with 4 tokens from
+                // DRAM (faster with 8) but TinyLlama-1.1B Q8_0's four sessions decoded 3-6 %
+                // slower (`airs bench batch`).
+                let part = (GROUP_ROWS * bb).div_ceil(T);
+                let by_token = T > 2 && TY != 0;
+                if T == 1 || (T > 2 && !by_token) {
+                    prefetch_ahead::<T>(blk, GROUP_ROWS * bb);
+                }
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                 let mut codes = [_mm512_setzero_si512(); 8];
                 match TY {
@@ -1842,11 +1856,22 @@ mod x86 {
                     }
                 }
                 for t in 0..T {
+                    if by_token {
+                        prefetch_ahead::<T>(blk.add(part * t), part);
+                    }
                     let y = ys[t].add(34 * b + 2).cast::<i32>();
                     // Two chains (integer sums are exact in any order), as one `vpdpbusd`
                     // chain of 8 waits on its latency.
                     let mut acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
                     for (k, c) in codes.iter().enumerate() {
+                        if T == 2 {
+                            let lines = (GROUP_ROWS * bb).div_ceil(64);
+                            let i = 8 * t + k;
+                            let (l0, l1) = (i * lines / (8 * T), (i + 1) * lines / (8 * T));
+                            if l1 > l0 {
+                                prefetch_ahead::<T>(blk.add(64 * l0), 64 * (l1 - l0));
+                            }
+                        }
                         let yk = _mm512_set1_epi32(y.add(k).read_unaligned());
                         acc[k % 2] = _mm512_dpbusd_epi32(acc[k % 2], *c, yk);
                     }
