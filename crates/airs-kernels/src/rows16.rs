@@ -952,9 +952,9 @@ pub(crate) mod q4k {
         /// per quarter: `decode_dram`, one token, two threads from DRAM, three passes, 214-219
         /// → 206-208 µs (Q4_K 5632×2048; the stream over the same bytes 205), 77-79 → 72-75
         /// (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048; stream 243), an
-        /// eighth or a sixteenth per part in between; several tokens, two passes, Q4_K
-        /// 5632×2048 2 tokens 261 → 203-210, 4 tokens 266 → 222, 8 tokens 370-374 → 308-311,
-        /// 16 within the noise (the multipliers' bound), 896×4864 4 tokens 102 → 80.
+        /// eighth or a sixteenth per part in between; several tokens (into L2), two passes,
+        /// Q4_K 5632×2048 2 tokens 261 → 202-212, 4 tokens 266 → 219-233, 8 tokens 370-374 →
+        /// 308-317, 16 within the noise (the multipliers' bound), 896×4864 4 tokens 102 → 80.
         ///
         /// # Safety
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks
@@ -1404,9 +1404,9 @@ pub(crate) mod q6k {
                         for fq in 0..4 {
                             // A sixty-fourth of the superblock per chunk `k` worked on, not
                             // an eighth per eighth: `decode_dram` from DRAM, two threads, two
-                            // passes, 2048×5632 2 tokens 363-367 → 278-281 µs, 4 tokens
-                            // 394-396 → 292-294, 8 tokens 509-513 → 465-471, 16 714-747 →
-                            // 715-728; 896×4864 4 tokens 149-151 → 110.
+                            // passes, into L2, 2048×5632 2 tokens 363-367 → 278-291 µs, 4
+                            // tokens 394-396 → 292-312, 8 tokens 509-513 → 465-498, 16 717-747
+                            // → 715-764; 896×4864 4 tokens 149-151 → 110.
                             let part = GROUP_BLOCK / 8;
                             let at = blk.add(part * (4 * h + fq));
                             // Values 128h + 32fq + 4k ..+4 for k in 0..8: sub-blocks
@@ -1758,8 +1758,8 @@ mod x86 {
     /// parts of one or two lines, one per chunk of codes they load: on Intel's cores
     /// ([`one_token_prefetches`]) several tokens prefetch into L1 (`prefetcht0`), 8 KiB ahead.
     /// `decode_dram` from DRAM, two threads, two alternations, µs, L2 → L1: Q4_K 5632×2048 2
-    /// tokens 202-206 → 192-202, 4 tokens 219-233 → 198-209, 8 tokens 315-317 → 306; Q6_K
-    /// 2048×5632 2 tokens 278-287 → 274-283, 4 tokens 300-312 → 294-302, 8 tokens 484-498 →
+    /// tokens 202-206 → 192-202, 4 tokens 219-233 → 198-222, 8 tokens 315-317 → 306; Q6_K
+    /// 2048×5632 2 tokens 278-287 → 274-283, 4 tokens 300-312 → 294-305, 8 tokens 484-498 →
     /// 453-485, 16 tokens 736-764 → 727-739. The legacy kernels (Q8_0 4864×896, 2 tokens
     /// 157 → 184-233; Q5_0 124-127 → 164) and the AMX tiles (Q4_K 16 tokens 471-474 → 507-508)
     /// were slower into L1, and keep [`prefetch_ahead`]. On AMD's cores, where into L1 was
@@ -1816,13 +1816,14 @@ mod x86 {
                 // One token prefetches the whole block-group ahead at once; two spread it over
                 // the work on it, a line or so per chunk `k` of each token's dot; more, a
                 // `T`-th of it per token, but Q8_0 the whole block-group at once. `decode_dram`
-                // from DRAM, two threads, two passes, µs, 4864×896: Q5_0 2 tokens 127-129 →
-                // 96-102, 4 tokens 142-145 → 117-125, 8 tokens 163-168 → 141-152; Q4_0 2
-                // tokens 100 → 81, 4 tokens 112 → 103; Q8_0 2 tokens 159-166 → 137-145 (5632×2048
+                // from DRAM, two threads, two passes, µs, 4864×896: Q5_0 2 tokens 124-129 →
+                // 96-103, 4 tokens 139-147 → 117-126, 8 tokens 163-168 → 141-152; Q4_0 2
+                // tokens 100 → 81, 4 tokens 112 → 103; Q8_0 2 tokens 156-166 → 137-145 (5632×2048
                 // 414-435 → 349-373). Per chunk with 3 or more tokens, or a `T`-th per token
                 // with 2, was slower or level; Q8_0 by token parts was level with 4 tokens from
-                // DRAM (faster with 8) but TinyLlama-1.1B Q8_0's four sessions decoded 3-6 %
-                // slower (`airs bench batch`).
+                // DRAM (faster with 8), and TinyLlama-1.1B Q8_0's four sessions read 2-6 %
+                // slower with it (`airs bench batch`, within the host's drift: BENCHMARKS.md),
+                // so Q8_0 keeps its one prefetch a block-group.
                 let part = (GROUP_ROWS * bb).div_ceil(T);
                 let by_token = T > 2 && TY != 0;
                 if T == 1 || (T > 2 && !by_token) {
