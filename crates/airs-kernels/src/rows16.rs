@@ -954,7 +954,7 @@ pub(crate) mod q4k {
         /// (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048; stream 243), an
         /// eighth or a sixteenth per part in between; several tokens (into L2), two passes,
         /// Q4_K 5632×2048 2 tokens 261 → 202-212, 4 tokens 266 → 219-233, 8 tokens 370-374 →
-        /// 308-317, 16 within the noise (the multipliers' bound), 896×4864 4 tokens 102 → 80.
+        /// 308-317, 896×4864 4 tokens 102 → 80.
         ///
         /// # Safety
         /// As [`crate::rows16::x86::run_kquant`]; `group` one whole group of `nb` superblocks
@@ -1656,7 +1656,9 @@ mod x86 {
     /// an Intel Xeon with AMX (2 vCPUs, stream probe 39-41 GB/s) Q5_0 4864×896 20.2 → 30.8-32.2,
     /// Q4_0 24.1-24.7 → 31.7-32.1, Q4_K 5632×2048 21.6-22.0 → 29.2-29.7, Q5_K 20.1-20.6 →
     /// 29.8-30.5, Q8_0 5632×2048 30.3-30.6 → 35.7-36.6; on AMD Zen 4 the same prefetch made Q4_0
-    /// and Q5_0 12-14 % slower and Q8_0 slower still (above). The CPU's vendor, read once.
+    /// and Q5_0 12-14 % slower and Q8_0 slower still (above). The CPU's vendor, read once; it
+    /// also sends the k-quant kernels' several-token prefetches into L1
+    /// ([`prefetch_kquant_ahead`]).
     pub(super) fn one_token_prefetches() -> bool {
         static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *INTEL.get_or_init(|| {
@@ -1730,12 +1732,7 @@ mod x86 {
     #[inline]
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         if T > 1 {
-            for l in 0..bytes.div_ceil(64) {
-                let line = p.wrapping_add(SEVERAL_TOKENS_AHEAD + 64 * l);
-                // SAFETY: `prefetcht1` is a hint: it never faults, whatever the address
-                // (`wrapping_add` keeps the arithmetic defined).
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.cast()) };
-            }
+            prefetch_lines::<_MM_HINT_T1>(p, SEVERAL_TOKENS_AHEAD, bytes);
         } else if one_token_prefetches() {
             for l in 0..bytes.div_ceil(64) {
                 let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
@@ -1767,14 +1764,21 @@ mod x86 {
     #[inline]
     pub(super) fn prefetch_kquant_ahead<const T: usize>(p: *const u8, bytes: usize) {
         if T > 1 && one_token_prefetches() {
-            for l in 0..bytes.div_ceil(64) {
-                let line = p.wrapping_add(SEVERAL_TOKENS_AHEAD + 64 * l);
-                // SAFETY: `prefetcht0` is a hint: it never faults, whatever the address
-                // (`wrapping_add` keeps the arithmetic defined).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
-            }
+            prefetch_lines::<_MM_HINT_T0>(p, SEVERAL_TOKENS_AHEAD, bytes);
         } else {
             prefetch_ahead::<T>(p, bytes);
+        }
+    }
+
+    /// `_mm_prefetch` with `HINT` of every line of `bytes` bytes from `p + ahead`, where the
+    /// compiler places them (several tokens' prefetches).
+    #[inline]
+    fn prefetch_lines<const HINT: i32>(p: *const u8, ahead: usize, bytes: usize) {
+        for l in 0..bytes.div_ceil(64) {
+            let line = p.wrapping_add(ahead + 64 * l);
+            // SAFETY: a software prefetch is a hint: it never faults, whatever the address
+            // (`wrapping_add` keeps the arithmetic defined).
+            unsafe { _mm_prefetch::<HINT>(line.cast()) };
         }
     }
 
@@ -1825,8 +1829,8 @@ mod x86 {
                 // slower with it (`airs bench batch`, within the host's drift: BENCHMARKS.md),
                 // so Q8_0 keeps its one prefetch a block-group.
                 let part = (GROUP_ROWS * bb).div_ceil(T);
-                let by_token = T > 2 && TY != 0;
-                if T == 1 || (T > 2 && !by_token) {
+                let (by_chunk, by_token) = (T == 2, T > 2 && TY != 0);
+                if !(by_chunk || by_token) {
                     prefetch_ahead::<T>(blk, GROUP_ROWS * bb);
                 }
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
@@ -1865,7 +1869,7 @@ mod x86 {
                     // chain of 8 waits on its latency.
                     let mut acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
                     for (k, c) in codes.iter().enumerate() {
-                        if T == 2 {
+                        if by_chunk {
                             let lines = (GROUP_ROWS * bb).div_ceil(64);
                             let i = 8 * t + k;
                             let (l0, l1) = (i * lines / (8 * T), (i + 1) * lines / (8 * T));
