@@ -23,6 +23,7 @@ use airs_kernels::Isa;
 
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
+use crate::lines::LineBuf;
 use crate::model::{Model, TensorRef};
 use crate::par::{DisjointOut, QuantizedActs, matmul, matmul_gated, matmuls};
 use crate::pool::{Take, ThreadPool};
@@ -75,7 +76,8 @@ pub struct BatchSeq<'a> {
 }
 
 /// The outputs of a batched forward pass: sequence `i`'s values are
-/// `values[ranges[i].clone()]` (empty for [`Output::Nothing`]).
+/// `values[ranges[i].clone()]` (empty for [`Output::Nothing`]). The logits start a few
+/// floats into `values`, on a cache line.
 #[derive(Clone, Debug, Default)]
 pub struct BatchOutput {
     pub values: Vec<f32>,
@@ -126,15 +128,16 @@ thread_local! {
 }
 
 /// The activation buffers of one pass of up to `rows` tokens.
+/// The products' outputs start on cache lines (`crate::lines`).
 struct PassScratch {
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    xn: LineBuf,
+    q: LineBuf,
+    k: LineBuf,
+    v: LineBuf,
+    attn: LineBuf,
+    proj: LineBuf,
+    gate: LineBuf,
+    up: LineBuf,
     acts: QuantizedActs,
     norm: Vec<f32>,
     bias: Vec<f32>,
@@ -142,7 +145,7 @@ struct PassScratch {
 
 impl PassScratch {
     fn new(cfg: &airs_gguf::ModelConfig, rows: usize) -> PassScratch {
-        let f = |len: usize| vec![0.0f32; rows * len];
+        let f = |len: usize| LineBuf::zeroed(rows * len);
         PassScratch {
             xn: f(cfg.embedding_len),
             q: f(cfg.q_len()),
@@ -207,7 +210,11 @@ impl Model {
             tokens,
             output: logits.into(),
         }];
-        Ok(self.forward_batch(rt, &mut seqs, pass_rows)?.values)
+        let mut out = self.forward_batch(rt, &mut seqs, pass_rows)?;
+        let wanted = out.ranges[0].clone();
+        out.values.truncate(wanted.end);
+        out.values.drain(..wanted.start);
+        Ok(out.values)
     }
 
     /// One forward step over a batch of sequences, each with its own KV cache and positions:
@@ -383,8 +390,16 @@ impl Model {
             xo
         };
         let vocab = cfg.vocab_len;
-        // The logits first, written over whatever `out` held (only a grown tail is zeroed).
-        let hidden_at = logit_rows.len() * vocab;
+        // The logits first, written over whatever `out` held (only a grown tail is zeroed),
+        // `pad` floats in, where they start on a cache line: several rows' logits then leave
+        // the product with streaming stores (`crate::lines`).
+        let logits_len = logit_rows.len() * vocab;
+        let most = logits_len + 15;
+        if out.values.capacity() < most {
+            out.values.reserve(most - out.values.len());
+        }
+        let pad = out.values.as_ptr().align_offset(64).min(15);
+        let hidden_at = pad + logits_len;
         out.values.truncate(hidden_at);
         out.values.resize(hidden_at, 0.0);
         if !logit_rows.is_empty() {
@@ -392,7 +407,7 @@ impl Model {
             let acts = &mut scratch.acts;
             acts.reset();
             acts.encode(pool, &self.output, &xo);
-            let mut product = acts.product(&self.output, &mut out.values);
+            let mut product = acts.product(&self.output, &mut out.values[pad..]);
             matmul(pool, rt.isa, image, logit_rows.len(), &mut product);
         }
         if !hidden_rows.is_empty() {
@@ -403,7 +418,7 @@ impl Model {
             out.ranges.push(match output {
                 Output::Nothing => 0..0,
                 Output::AllHidden => hidden_at + at * n_embd..hidden_at + (at + rows) * n_embd,
-                _ => at * vocab..(at + rows) * vocab,
+                _ => pad + at * vocab..pad + (at + rows) * vocab,
             });
         }
         for (s, &p) in seqs.iter_mut().zip(&pos0) {

@@ -13,6 +13,7 @@ pub mod forward;
 pub mod image;
 pub mod kv;
 mod kv_q8;
+mod lines;
 mod math;
 pub mod model;
 pub mod paged;

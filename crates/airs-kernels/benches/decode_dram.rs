@@ -12,7 +12,12 @@
 //! the ring, so a noisy machine mostly costs time, not accuracy.
 //!
 //! `AIRS_BENCH_TOKENS=T` (1..=16, default 1) multiplies T activation rows at once (batched
-//! decode of T sequences); the GB/s column stays weight bytes over time.
+//! decode of T sequences); the GB/s column stays weight bytes over time. Several tokens' outputs
+//! of a 64-row chunk go to one 1 KiB window that stays in L1; `AIRS_BENCH_OUT=rows` lays them
+//! out as the engine does instead (`rows16` mode): one call for a thread's whole share, each
+//! token's outputs a row of `rows` floats starting on a cache line, as the kernels' streaming
+//! stores need (BENCHMARKS.md: with the window, 4 tokens of Q4_K ran as fast as with streamed
+//! outputs, and ordinary stores to the rows were 10-15 % slower).
 //!
 //! `cargo bench -p airs-kernels --bench decode_dram [-- FILTER...]`.
 
@@ -113,6 +118,11 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Whether several tokens' outputs are laid out as the engine's (`AIRS_BENCH_OUT=rows`).
+fn engine_rows() -> bool {
+    std::env::var("AIRS_BENCH_OUT").is_ok_and(|v| v == "rows")
+}
+
 /// Threads each case runs with, and the modes it runs in (module doc).
 const THREADS: [usize; 2] = [1, 2];
 const MODES: [&str; 4] = ["stream", "rows16", "matmul", "rowdot"];
@@ -202,7 +212,10 @@ fn main() {
                             .map(|me| {
                                 let (barrier, ring, a) = (&barrier, &ring, &a);
                                 s.spawn(move || {
-                                    let mut out = vec![0f32; rows.max(tokens * CHUNK)];
+                                    // Room for every token's row, starting on a cache line.
+                                    let mut lines = vec![0f32; rows.max(CHUNK) * tokens + 16];
+                                    let skip = lines.as_ptr().align_offset(64).min(16);
+                                    let out = &mut lines[skip..];
                                     barrier.wait();
                                     let start = Instant::now();
                                     for _ in 0..passes {
@@ -215,12 +228,12 @@ fn main() {
                                                 (me, threads, interleaved),
                                                 m.as_slice(),
                                                 a,
-                                                &mut out,
+                                                out,
                                                 mode,
                                             );
                                         }
                                     }
-                                    black_box(&out);
+                                    black_box(&*out);
                                     start.elapsed()
                                 })
                             })
@@ -269,6 +282,15 @@ fn run_one(
     } else {
         (me * per, ((me + 1) * per).min(chunks), 1)
     };
+    if let Some(prepared) = prepared.as_ref().filter(|_| batched && engine_rows()) {
+        // The thread's whole share in one call, each token's outputs a row `rows` apart.
+        let (r0, r1) = (first * CHUNK, (end * CHUNK).min(rows));
+        if !interleaved && r0 < r1 {
+            let w = &m[r0 * wrb..r1 * wrb];
+            rows16::matmul_with(isa, black_box(w), prepared, &mut out[r0..], rows).unwrap();
+            return;
+        }
+    }
     for c in (first..end).step_by(step) {
         let r0 = c * CHUNK;
         let r1 = (r0 + CHUNK).min(rows);

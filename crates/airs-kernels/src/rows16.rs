@@ -43,7 +43,7 @@
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
 //! than without); on Intel's it prefetches into L2 (1.2-1.55× faster there 8 KiB ahead, and
 //! faster again 3 KiB ahead with each block's prefetches kept ahead of its loads:
-//! `x86::one_token_prefetches`, `x86::ONE_TOKEN_AHEAD`, `x86::prefetch_ahead`); several tokens,
+//! `x86::is_intel`, `x86::ONE_TOKEN_AHEAD`, `x86::prefetch_ahead`); several tokens,
 //! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
 //! BENCHMARKS.md), the k-quant kernels on Intel's cores into L1, a line or two per chunk of codes
 //! (`x86::prefetch_kquant_ahead`). (On AVX2, one token of every type prefetches, 2 KiB ahead:
@@ -800,10 +800,12 @@ pub fn matmul_rows(
             // checked above (whole groups, whole activation rows, an output row of at least
             // `rows` values per activation row) and the terms cover every row (asserted).
             unsafe {
-                if ty == GgmlType::Q4K {
-                    x86::run_kquant::<q4k::x86::K4<false>>(w, acts, t0..t1, outs);
+                if ty == GgmlType::Q4K && x86::is_intel() {
+                    x86::run_kquant::<q4k::x86::K4<false, true>>(w, acts, t0..t1, outs);
+                } else if ty == GgmlType::Q4K {
+                    x86::run_kquant::<q4k::x86::K4<false, false>>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q5K {
-                    x86::run_kquant::<q4k::x86::K4<true>>(w, acts, t0..t1, outs);
+                    x86::run_kquant::<q4k::x86::K4<true, false>>(w, acts, t0..t1, outs);
                 } else if ty == GgmlType::Q6K {
                     x86::run_kquant::<q6k::x86::Kernel>(w, acts, t0..t1, outs);
                 } else {
@@ -921,10 +923,11 @@ pub(crate) mod q4k {
         use super::GROUP_BLOCK;
         use crate::rows16::x86::{KquantGroup, Q8kAct};
 
-        /// The Q4_K (`FIVE` false) and Q5_K kernel for [`crate::rows16::x86::run_kquant`].
-        pub(in super::super) struct K4<const FIVE: bool>;
+        /// The Q4_K (`FIVE` false) and Q5_K kernel for [`crate::rows16::x86::run_kquant`];
+        /// `DPWSSD`: Q4_K's sub-block scales applied with `vpdpwssd` (`k4`).
+        pub(in super::super) struct K4<const FIVE: bool, const DPWSSD: bool>;
 
-        impl<const FIVE: bool> KquantGroup for K4<FIVE> {
+        impl<const FIVE: bool, const DPWSSD: bool> KquantGroup for K4<FIVE, DPWSSD> {
             const GROUP_BLOCK: usize = if FIVE {
                 crate::rows16::q5k::GROUP_BLOCK
             } else {
@@ -937,7 +940,7 @@ pub(crate) mod q4k {
                 acts: &[Q8kAct<'_>],
             ) -> [__m512; T] {
                 // SAFETY: the trait method's contract is `k4`'s.
-                unsafe { k4::<T, FIVE>(group, nb, acts) }
+                unsafe { k4::<T, FIVE, DPWSSD>(group, nb, acts) }
             }
         }
 
@@ -961,7 +964,7 @@ pub(crate) mod q4k {
         /// of the layout (`q4k`, or `q5k` when `FIVE`).
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(in super::super) unsafe fn k4<const T: usize, const FIVE: bool>(
+        pub(in super::super) unsafe fn k4<const T: usize, const FIVE: bool, const DPWSSD: bool>(
             group: &[u8],
             nb: usize,
             acts: &[Q8kAct<'_>],
@@ -991,40 +994,32 @@ pub(crate) mod q4k {
                         // An eighth of the quarter per chunk `k` worked on (`k4`'s docs).
                         let part = group_block / 4;
                         let qs = blk.add(codes + 512 * j);
-                        let mut lo = [_mm512_setzero_si512(); 8];
-                        let mut hi4 = [_mm512_setzero_si512(); 8];
-                        for k in 0..8 {
-                            let at = blk.add(part * j + part / 8 * k);
-                            crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
-                            let v = _mm512_loadu_si512(qs.add(64 * k).cast());
-                            lo[k] = _mm512_and_si512(v, low);
-                            hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                            if FIVE {
-                                // Bits 2j (low nibbles) and 2j + 1 (high) of `qh` are the
-                                // codes' fifth bits: +16 where set.
-                                let qh = _mm512_loadu_si512(
-                                    blk.add(crate::rows16::q5k::QH + 64 * k).cast(),
-                                );
-                                let sixteen = _mm512_set1_epi8(0x10);
-                                let (u1, u2) = (1i8 << (2 * j), (2u8 << (2 * j)) as i8);
-                                let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
-                                let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
-                                lo[k] = _mm512_mask_add_epi8(lo[k], m1, lo[k], sixteen);
-                                hi4[k] = _mm512_mask_add_epi8(hi4[k], m2, hi4[k], sixteen);
-                            }
+                        // Chunk `k`'s codes of the pair: (sub-block 2j, 2j + 1), loaded
+                        // after its prefetch.
+                        macro_rules! codes {
+                            ($k:expr) => {{
+                                let k = $k;
+                                let at = blk.add(part * j + part / 8 * k);
+                                crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
+                                let v = _mm512_loadu_si512(qs.add(64 * k).cast());
+                                let mut lo = _mm512_and_si512(v, low);
+                                let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                                if FIVE {
+                                    // Bits 2j (low nibbles) and 2j + 1 (high) of `qh` are the
+                                    // codes' fifth bits: +16 where set.
+                                    let qh = _mm512_loadu_si512(
+                                        blk.add(crate::rows16::q5k::QH + 64 * k).cast(),
+                                    );
+                                    let sixteen = _mm512_set1_epi8(0x10);
+                                    let (u1, u2) = (1i8 << (2 * j), (2u8 << (2 * j)) as i8);
+                                    let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
+                                    let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
+                                    lo = _mm512_mask_add_epi8(lo, m1, lo, sixteen);
+                                    hi4 = _mm512_mask_add_epi8(hi4, m2, hi4, sixteen);
+                                }
+                                (lo, hi4)
+                            }};
                         }
-                        // Tokens in pairs: eight independent `vpdpbusd` chains in flight
-                        // (four per token, each four deep: its 5-cycle latency hidden), so
-                        // the two ports that run them stay busy; an odd last token alone.
-                        // A sub-block's two chains (chunks k even and odd) are added and its
-                        // scale applied with `vpmulld`, exact in i32 (|Σ q·y| ≤ 32·31·128).
-                        // `vpmulld` runs beside the `vpdpbusd` ports; `vpdpwssd` against an
-                        // i16 scale (what this kernel did, on chains of 16 values, 8 for
-                        // Q5_K, to stay in i16) takes their slots: a microbenchmark of 32
-                        // `vpdpbusd` with 8 `vpdpwssd` ran 180-183 G MAC/s, with 4 `vpaddd` +
-                        // 2 `vpmulld` + 2 `vpaddd` 197-206.
-                        // (Macros, not closures: a closure's body does not inherit the
-                        // function's target features, and its intrinsics become calls.)
                         macro_rules! y_of {
                             ($t:expr) => {
                                 acts.get_unchecked($t)
@@ -1037,14 +1032,49 @@ pub(crate) mod q4k {
                         }
                         // The scales as i32 (the i16 pair (sc, 0) read as one lane).
                         let (sc_lo, sc_hi) = (sc[2 * j], sc[2 * j + 1]);
+                        // A token's four chains `[a, b, c, d]` (sub-block 2j's chunks k even
+                        // and odd, then 2j + 1's) scaled into its `isum`: a sub-block's two
+                        // chains added and scaled with `vpmulld`, exact in i32 (|Σ q·y| ≤
+                        // 32·31·128); or, with `DPWSSD` (Q4_K on Intel's cores), each chain
+                        // scaled by `vpdpwssd` against the (sc, 0) pair, exact because Q4_K's
+                        // chains of 16 values stay in i16 (|Σ q·y| ≤ 16·15·128; Q5_K's,
+                        // 16·31·128, do not). On AMD's Zen 4 `vpmulld` runs beside the
+                        // `vpdpbusd` ports and `vpdpwssd` takes their slots (a microbenchmark
+                        // of 32 `vpdpbusd` with 8 `vpdpwssd` ran 180-183 G MAC/s, with 4
+                        // `vpaddd` + 2 `vpmulld` + 2 `vpaddd` 197-206). On the Intel Xeon with
+                        // AMX every 512-bit integer instruction shares two ports, `vpmulld`
+                        // is two uops and `vpdpwssd` one (a loop of 16 `vpdpbusd` with 4
+                        // `vpmulld` took 13.1 cycles, with 8 `vpdpwssd` 13.1, alone 8.5), so
+                        // four `vpdpwssd` take the place of 4 adds and 2 multiplies (8 uops):
+                        // `decode_dram` from cache (ring 1 MiB), one thread, Q4_K 5632×2048,
+                        // µs, 4 tokens 310 → 279, 8 tokens 577 → 521, 1 token 201 → 200.
                         macro_rules! apply {
                             ($is:expr, $s:expr) => {{
                                 let [a, b, c, d] = $s;
-                                let lo = _mm512_mullo_epi32(_mm512_add_epi32(a, b), sc_lo);
-                                let hi = _mm512_mullo_epi32(_mm512_add_epi32(c, d), sc_hi);
-                                _mm512_add_epi32($is, _mm512_add_epi32(lo, hi))
+                                if FIVE || !DPWSSD {
+                                    let lo = _mm512_mullo_epi32(_mm512_add_epi32(a, b), sc_lo);
+                                    let hi = _mm512_mullo_epi32(_mm512_add_epi32(c, d), sc_hi);
+                                    _mm512_add_epi32($is, _mm512_add_epi32(lo, hi))
+                                } else {
+                                    let x = crate::rows16::x86::dpwssd_held($is, a, sc_lo);
+                                    let x = crate::rows16::x86::dpwssd_held(x, c, sc_hi);
+                                    let x = crate::rows16::x86::dpwssd_held(x, b, sc_lo);
+                                    crate::rows16::x86::dpwssd_held(x, d, sc_hi)
+                                }
                             }};
                         }
+                        let mut lo = [_mm512_setzero_si512(); 8];
+                        let mut hi4 = [_mm512_setzero_si512(); 8];
+                        for k in 0..8 {
+                            (lo[k], hi4[k]) = codes!(k);
+                        }
+                        // Tokens in pairs: eight independent `vpdpbusd` chains in flight
+                        // (four per token, each four deep: its 5-cycle latency hidden), so
+                        // the two ports that run them stay busy; an odd last token alone.
+                        // (One pass over the codes for up to four tokens at once, sixteen
+                        // chains, ran slower: 4 tokens 279 → 308 µs, 2 tokens 206 → 246.)
+                        // (Macros, not closures: a closure's body does not inherit the
+                        // function's target features, and its intrinsics become calls.)
                         // The four chains of each of the `$n` tokens of `$ys` (activation
                         // codes at sub-block pair j): sub-block 2j's chunks k even and odd,
                         // then 2j + 1's; the tokens' `vpdpbusd` interleaved.
@@ -1626,6 +1656,17 @@ mod x86 {
     /// Runs `group_dots(group, f)` for every whole group of `group_bytes` in `w` (`f[t]`: the
     /// 16 row dots with activation row `t`, for one row per slice of `outs`) and stores them at
     /// `outs[t][16g ..]`.
+    ///
+    /// Several tokens' dots go out with streaming stores (`vmovntps`, then one `sfence`) on
+    /// Intel's cores ([`is_intel`]) where every row of `outs` starts on a 64-byte line. Each
+    /// token's outputs are a stream of their own, a row's length apart, and an ordinary store
+    /// first reads its line (the weight stream has long evicted it from L1 and L2) while the
+    /// weight stream holds the line fill buffers. `decode_dram` from DRAM, Q4_K 5632×2048, two
+    /// threads, outputs laid out as the engine's (one call a thread's share, rows of a token
+    /// `rows` apart; three alternations, µs): 4 tokens 273-300 → 238-258, 2 tokens 233-264 →
+    /// 213-236; outputs that stay in L1 (64-row calls writing one 1 KiB window) 238-250, the
+    /// same as streamed; 64-byte-aligned rows with ordinary stores 263-284. One token's outputs
+    /// are one stream the hardware prefetches, and stay ordinary stores.
     #[target_feature(enable = "avx512f")]
     pub(super) fn for_groups(
         w: &[u8],
@@ -1640,26 +1681,41 @@ mod x86 {
                 && w.len() == groups * group_bytes
                 && outs.iter().all(|o| o.len() >= groups * GROUP_ROWS)
         );
+        let stream = (2..=8).contains(&tokens)
+            && is_intel()
+            && outs.iter().all(|o| o.as_ptr().addr().is_multiple_of(64));
         let mut f = [_mm512_setzero_ps(); MAX_TOKENS];
         for (g, group) in w.chunks_exact(group_bytes).enumerate() {
             group_dots(group, &mut f[..tokens]);
             for (o, ft) in outs.iter_mut().zip(&f[..tokens]) {
                 let o = &mut o[g * GROUP_ROWS..][..GROUP_ROWS];
-                // SAFETY: `o` is 16 writable f32.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *ft) };
+                if stream {
+                    // SAFETY: `o` is 16 writable f32 on one 64-byte line (its row starts on
+                    // one, and 16g floats are whole lines).
+                    unsafe { _mm512_stream_ps(o.as_mut_ptr(), *ft) };
+                } else {
+                    // SAFETY: `o` is 16 writable f32.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *ft) };
+                }
             }
+        }
+        if stream {
+            // The streaming stores are weakly ordered: fenced before the caller hands the
+            // outputs to another thread.
+            _mm_sfence();
         }
     }
 
-    /// Whether one token's stream prefetches too ([`prefetch_ahead`]): on Intel's cores, not on
-    /// AMD's. Measured (`decode_dram`, one token, two threads from DRAM, GB/s of weights): on
+    /// Whether this CPU is Intel's, where one token's stream prefetches too ([`prefetch_ahead`]);
+    /// not on AMD's. Measured (`decode_dram`, one token, two threads from DRAM, GB/s of weights): on
     /// an Intel Xeon with AMX (2 vCPUs, stream probe 39-41 GB/s) Q5_0 4864×896 20.2 → 30.8-32.2,
     /// Q4_0 24.1-24.7 → 31.7-32.1, Q4_K 5632×2048 21.6-22.0 → 29.2-29.7, Q5_K 20.1-20.6 →
     /// 29.8-30.5, Q8_0 5632×2048 30.3-30.6 → 35.7-36.6; on AMD Zen 4 the same prefetch made Q4_0
     /// and Q5_0 12-14 % slower and Q8_0 slower still (above). The CPU's vendor, read once; it
     /// also sends the k-quant kernels' several-token prefetches into L1
-    /// ([`prefetch_kquant_ahead`]).
-    pub(super) fn one_token_prefetches() -> bool {
+    /// ([`prefetch_kquant_ahead`]) and several tokens' outputs out with streaming stores
+    /// ([`for_groups`]), both measured on Intel's cores only.
+    pub(super) fn is_intel() -> bool {
         static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *INTEL.get_or_init(|| {
             let id = __cpuid(0);
@@ -1669,6 +1725,27 @@ mod x86 {
                 .collect();
             vendor == b"GenuineIntel"
         })
+    }
+
+    /// `vpdpwssd`: `acc` plus the pairwise i16 products of `a` and `b` lane by lane, as one
+    /// instruction the compiler keeps (it splits a chain of `_mm512_dpwssd_epi32` into
+    /// `vpmaddwd` and `vpaddd`, two vector uops where this is one).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) fn dpwssd_held(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: one register-to-register AVX-512 VNNI instruction: no memory, stack or
+        // flags; the callers run with AVX-512 VNNI enabled (their target features).
+        unsafe {
+            std::arch::asm!(
+                "vpdpwssd {acc}, {a}, {b}",
+                acc = inout(zmm_reg) acc,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+        acc
     }
 
     /// How far ahead a product of several tokens prefetches ([`prefetch_ahead`]).
@@ -1717,7 +1794,7 @@ mod x86 {
     /// while Q8_0 at 2 tokens is faster without it (BENCHMARKS.md, "The read probe on huge
     /// pages").
     ///
-    /// One token prefetches as well on Intel's cores ([`one_token_prefetches`]), 3 KiB ahead
+    /// One token prefetches as well on Intel's cores ([`is_intel`]), 3 KiB ahead
     /// ([`ONE_TOKEN_AHEAD`]), and there the prefetches stay where the kernel calls this, before
     /// the loads of the block they are issued for: an `asm!` block that may touch memory, which
     /// the compiler does not move loads across. With `_mm_prefetch` the compiler had placed them
@@ -1733,7 +1810,7 @@ mod x86 {
     pub(super) fn prefetch_ahead<const T: usize>(p: *const u8, bytes: usize) {
         if T > 1 {
             prefetch_lines::<_MM_HINT_T1>(p, SEVERAL_TOKENS_AHEAD, bytes);
-        } else if one_token_prefetches() {
+        } else if is_intel() {
             for l in 0..bytes.div_ceil(64) {
                 let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
                 // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
@@ -1753,7 +1830,7 @@ mod x86 {
 
     /// [`prefetch_ahead`] for the k-quant VNNI kernels, which prefetch a superblock-group in
     /// parts of one or two lines, one per chunk of codes they load: on Intel's cores
-    /// ([`one_token_prefetches`]) several tokens prefetch into L1 (`prefetcht0`), 8 KiB ahead.
+    /// ([`is_intel`]) several tokens prefetch into L1 (`prefetcht0`), 8 KiB ahead.
     /// `decode_dram` from DRAM, two threads, two alternations, µs, L2 → L1: Q4_K 5632×2048 2
     /// tokens 202-206 → 192-202, 4 tokens 219-233 → 198-222, 8 tokens 315-317 → 306; Q6_K
     /// 2048×5632 2 tokens 278-287 → 274-283, 4 tokens 300-312 → 294-305, 8 tokens 484-498 →
@@ -1763,7 +1840,7 @@ mod x86 {
     /// twice as slow with a quarter superblock a part (above), several tokens keep L2.
     #[inline]
     pub(super) fn prefetch_kquant_ahead<const T: usize>(p: *const u8, bytes: usize) {
-        if T > 1 && one_token_prefetches() {
+        if T > 1 && is_intel() {
             prefetch_lines::<_MM_HINT_T0>(p, SEVERAL_TOKENS_AHEAD, bytes);
         } else {
             prefetch_ahead::<T>(p, bytes);
@@ -2116,9 +2193,16 @@ mod tests {
                 let rows = natural.len() / row_bytes;
                 for tokens in 1..=18 {
                     let acts = &acts[..tokens * act_bytes];
-                    for isa in Isa::all_available() {
-                        let mut out = vec![f32::NAN; tokens * rows];
-                        matmul(isa, ty, n, &p, acts, &mut out, rows).unwrap();
+                    // Output rows on 64-byte lines (several tokens' streaming stores where
+                    // they are used) and a float past one (ordinary stores).
+                    for (isa, misalign) in Isa::all_available()
+                        .into_iter()
+                        .flat_map(|isa| [(isa, 0), (isa, 1)])
+                    {
+                        let mut store = vec![f32::NAN; tokens * rows + 17];
+                        let skip = store.as_ptr().align_offset(64) + misalign;
+                        let out = &mut store[skip..skip + tokens * rows];
+                        matmul(isa, ty, n, &p, acts, out, rows).unwrap();
                         for t in 0..tokens {
                             let a = &acts[t * act_bytes..(t + 1) * act_bytes];
                             for r in 0..rows {
@@ -2128,7 +2212,8 @@ mod tests {
                                 let close = (got - want).abs() <= 1e-4 * want.abs().max(1.0);
                                 assert!(
                                     got.to_bits() == want.to_bits() || (!fast(isa, ty) && close),
-                                    "{ty} {isa:?} tokens {tokens} t {t} row {r}: {got} vs {want}"
+                                    "{ty} {isa:?} tokens {tokens} t {t} row {r} misaligned \
+                                     {misalign}: {got} vs {want}"
                                 );
                             }
                         }

@@ -414,7 +414,7 @@ pub fn evaluate(
                 &mut out,
             )?;
             for (row, i) in (call_start..call_end).enumerate() {
-                let logits = &out.values[row * vocab..(row + 1) * vocab];
+                let logits = &out.get(0)[row * vocab..(row + 1) * vocab];
                 let position = reference.map(|r| &r.chunks[c].positions[i - scored_range.start]);
                 scored.push(score(logits, chunk[i + 1], position, c * ctx + i));
             }
