@@ -76,7 +76,7 @@ pub struct BatchSeq<'a> {
 }
 
 /// The outputs of a batched forward pass: sequence `i`'s values are
-/// `values[ranges[i].clone()]` (empty for [`Output::Nothing`]). The logits start a few
+/// `values[ranges[i].clone()]` (empty for [`Output::Nothing`]). Several rows' logits start a few
 /// floats into `values`, on a cache line.
 #[derive(Clone, Debug, Default)]
 pub struct BatchOutput {
@@ -390,15 +390,20 @@ impl Model {
             xo
         };
         let vocab = cfg.vocab_len;
-        // The logits first, written over whatever `out` held (only a grown tail is zeroed),
-        // `pad` floats in, where they start on a cache line: several rows' logits then leave
-        // the product with streaming stores (`crate::lines`).
+        // The logits first, written over whatever `out` held (only a grown tail is zeroed).
+        // Several rows' logits start `pad` floats in, on a cache line, so that they leave the
+        // product with streaming stores (`crate::lines`); one row's, the usual decode step of
+        // one sequence, start at 0 (its stores are ordinary ones).
         let logits_len = logit_rows.len() * vocab;
         let most = logits_len + 15;
         if out.values.capacity() < most {
             out.values.reserve(most - out.values.len());
         }
-        let pad = out.values.as_ptr().align_offset(64).min(15);
+        let pad = if logit_rows.len() > 1 {
+            out.values.as_ptr().align_offset(64).min(15)
+        } else {
+            0
+        };
         let hidden_at = pad + logits_len;
         out.values.truncate(hidden_at);
         out.values.resize(hidden_at, 0.0);

@@ -47,7 +47,8 @@
 //! which work on each line longer, prefetch into L2 8 KiB ahead (`x86::prefetch_ahead`;
 //! BENCHMARKS.md), the k-quant kernels on Intel's cores into L1, a line or two per chunk of codes
 //! (`x86::prefetch_kquant_ahead`). (On AVX2, one token of every type prefetches, 2 KiB ahead:
-//! `mod avx2`.)
+//! `mod avx2`.) On Intel's cores 2 to 8 tokens' outputs leave with streaming stores where their
+//! rows start on cache lines, as the engine's buffers do (`x86::for_groups`).
 //! Kernels ([`fast`]): AVX-512 VNNI (`mod x86`), and for every type but Q6_K from
 //! [`AMX_MIN_TOKENS`] activation rows on, Intel's AMX tiles (`mod amx`, where the CPU has
 //! AMX-INT8 and Linux grants it), AVX2 with FMA and F16C (`mod avx2`: `vpmaddubsw` into i16, AMD
@@ -1706,15 +1707,16 @@ mod x86 {
         }
     }
 
-    /// Whether this CPU is Intel's, where one token's stream prefetches too ([`prefetch_ahead`]);
-    /// not on AMD's. Measured (`decode_dram`, one token, two threads from DRAM, GB/s of weights): on
-    /// an Intel Xeon with AMX (2 vCPUs, stream probe 39-41 GB/s) Q5_0 4864×896 20.2 → 30.8-32.2,
-    /// Q4_0 24.1-24.7 → 31.7-32.1, Q4_K 5632×2048 21.6-22.0 → 29.2-29.7, Q5_K 20.1-20.6 →
-    /// 29.8-30.5, Q8_0 5632×2048 30.3-30.6 → 35.7-36.6; on AMD Zen 4 the same prefetch made Q4_0
-    /// and Q5_0 12-14 % slower and Q8_0 slower still (above). The CPU's vendor, read once; it
-    /// also sends the k-quant kernels' several-token prefetches into L1
-    /// ([`prefetch_kquant_ahead`]) and several tokens' outputs out with streaming stores
-    /// ([`for_groups`]), both measured on Intel's cores only.
+    /// Whether this CPU is Intel's, where one token's stream prefetches too
+    /// ([`prefetch_ahead`]); not on AMD's. Measured (`decode_dram`, one token, two threads from
+    /// DRAM, GB/s of weights): on an Intel Xeon with AMX (2 vCPUs, stream probe 39-41 GB/s)
+    /// Q5_0 4864×896 20.2 → 30.8-32.2, Q4_0 24.1-24.7 → 31.7-32.1, Q4_K 5632×2048 21.6-22.0 →
+    /// 29.2-29.7, Q5_K 20.1-20.6 → 29.8-30.5, Q8_0 5632×2048 30.3-30.6 → 35.7-36.6; on AMD Zen
+    /// 4 the same prefetch made Q4_0 and Q5_0 12-14 % slower and Q8_0 slower still (above).
+    /// The CPU's vendor, read once; it also sends the k-quant kernels' several-token prefetches
+    /// into L1 ([`prefetch_kquant_ahead`]), several tokens' outputs out with streaming stores
+    /// ([`for_groups`]) and Q4_K's scales onto `vpdpwssd` (`q4k::x86::k4`), all measured on
+    /// Intel's cores only.
     pub(super) fn is_intel() -> bool {
         static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *INTEL.get_or_init(|| {
