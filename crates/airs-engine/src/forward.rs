@@ -127,8 +127,7 @@ thread_local! {
         std::cell::RefCell::new(AttentionScratch::default());
 }
 
-/// The activation buffers of one pass of up to `rows` tokens.
-/// The products' outputs start on cache lines (`crate::lines`).
+/// The activation buffers of one pass of up to `rows` tokens, on cache lines (`crate::lines`).
 struct PassScratch {
     xn: LineBuf,
     q: LineBuf,

@@ -16,8 +16,8 @@
 //! of a 64-row chunk go to one 1 KiB window that stays in L1; `AIRS_BENCH_OUT=rows` lays them
 //! out as the engine does instead (`rows16` mode): one call for a thread's whole share, each
 //! token's outputs a row of `rows` floats starting on a cache line, as the kernels' streaming
-//! stores need (BENCHMARKS.md: with the window, 4 tokens of Q4_K ran as fast as with streamed
-//! outputs, and ordinary stores to the rows were 10-15 % slower).
+//! stores need (BENCHMARKS.md: 4 tokens of Q4_K 5632×2048 from DRAM took 238-250 µs with the
+//! window, 238-258 with the rows streamed, 263-300 with ordinary stores to the rows).
 //!
 //! `cargo bench -p airs-kernels --bench decode_dram [-- FILTER...]`.
 
@@ -118,7 +118,8 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Whether several tokens' outputs are laid out as the engine's (`AIRS_BENCH_OUT=rows`).
+/// Whether several tokens' outputs are laid out as the engine's (`AIRS_BENCH_OUT=rows`); read
+/// once, like the split.
 fn engine_rows() -> bool {
     std::env::var("AIRS_BENCH_OUT").is_ok_and(|v| v == "rows")
 }
@@ -135,6 +136,7 @@ fn main() {
     let wanted = |label: &str| filters.iter().all(|f| label.contains(f.as_str()));
     let isa = Isa::detect();
     let interleaved = interleaved();
+    let engine_rows = engine_rows();
     println!("{:<36} {:>10} {:>8}", "case", "µs/matvec", "GB/s");
     for (ty, rows, n) in CASES {
         let label =
@@ -229,7 +231,7 @@ fn main() {
                                                 m.as_slice(),
                                                 a,
                                                 out,
-                                                mode,
+                                                (mode, engine_rows),
                                             );
                                         }
                                     }
@@ -259,7 +261,8 @@ fn main() {
 
 /// One matrix-vector product, this thread's share of the rows: thread `me` takes the `me`-th
 /// contiguous run of chunks (the engine's runs without the stealing), or with `interleaved`
-/// chunks me, me + threads, ….
+/// chunks me, me + threads, …; with `engine_rows`, several tokens' outputs laid out as the
+/// engine's (module doc).
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     isa: Isa,
@@ -269,7 +272,7 @@ fn run_one(
     m: &[u8],
     a: &[u8],
     out: &mut [f32],
-    mode: &str,
+    (mode, engine_rows): (&str, bool),
 ) {
     // Several activation rows: each chunk's products go to the start of `out` (rows of CHUNK).
     let batched = a.len() > act_type(ty).unwrap().row_bytes(n);
@@ -282,7 +285,7 @@ fn run_one(
     } else {
         (me * per, ((me + 1) * per).min(chunks), 1)
     };
-    if let Some(prepared) = prepared.as_ref().filter(|_| batched && engine_rows()) {
+    if let Some(prepared) = prepared.as_ref().filter(|_| batched && engine_rows) {
         // The thread's whole share in one call, each token's outputs a row `rows` apart.
         let (r0, r1) = (first * CHUNK, (end * CHUNK).min(rows));
         if !interleaved && r0 < r1 {

@@ -995,32 +995,6 @@ pub(crate) mod q4k {
                         // An eighth of the quarter per chunk `k` worked on (`k4`'s docs).
                         let part = group_block / 4;
                         let qs = blk.add(codes + 512 * j);
-                        // Chunk `k`'s codes of the pair: (sub-block 2j, 2j + 1), loaded
-                        // after its prefetch.
-                        macro_rules! codes {
-                            ($k:expr) => {{
-                                let k = $k;
-                                let at = blk.add(part * j + part / 8 * k);
-                                crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
-                                let v = _mm512_loadu_si512(qs.add(64 * k).cast());
-                                let mut lo = _mm512_and_si512(v, low);
-                                let mut hi4 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                                if FIVE {
-                                    // Bits 2j (low nibbles) and 2j + 1 (high) of `qh` are the
-                                    // codes' fifth bits: +16 where set.
-                                    let qh = _mm512_loadu_si512(
-                                        blk.add(crate::rows16::q5k::QH + 64 * k).cast(),
-                                    );
-                                    let sixteen = _mm512_set1_epi8(0x10);
-                                    let (u1, u2) = (1i8 << (2 * j), (2u8 << (2 * j)) as i8);
-                                    let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
-                                    let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
-                                    lo = _mm512_mask_add_epi8(lo, m1, lo, sixteen);
-                                    hi4 = _mm512_mask_add_epi8(hi4, m2, hi4, sixteen);
-                                }
-                                (lo, hi4)
-                            }};
-                        }
                         macro_rules! y_of {
                             ($t:expr) => {
                                 acts.get_unchecked($t)
@@ -1048,7 +1022,8 @@ pub(crate) mod q4k {
                         // `vpmulld` took 13.1 cycles, with 8 `vpdpwssd` 13.1, alone 8.5), so
                         // four `vpdpwssd` take the place of 4 adds and 2 multiplies (8 uops):
                         // `decode_dram` from cache (ring 1 MiB), one thread, Q4_K 5632×2048,
-                        // µs, 4 tokens 310 → 279, 8 tokens 577 → 521, 1 token 201 → 200.
+                        // µs, three alternations: 4 tokens 324-332 → 303-315, 8 tokens 591-596
+                        // → 526-580 (one token, back to back: 201 → 200).
                         macro_rules! apply {
                             ($is:expr, $s:expr) => {{
                                 let [a, b, c, d] = $s;
@@ -1064,16 +1039,36 @@ pub(crate) mod q4k {
                                 }
                             }};
                         }
+                        // Chunk `k`'s codes of the pair (sub-block 2j, 2j + 1), each loaded
+                        // after its prefetch.
                         let mut lo = [_mm512_setzero_si512(); 8];
                         let mut hi4 = [_mm512_setzero_si512(); 8];
                         for k in 0..8 {
-                            (lo[k], hi4[k]) = codes!(k);
+                            let at = blk.add(part * j + part / 8 * k);
+                            crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
+                            let v = _mm512_loadu_si512(qs.add(64 * k).cast());
+                            lo[k] = _mm512_and_si512(v, low);
+                            hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                            if FIVE {
+                                // Bits 2j (low nibbles) and 2j + 1 (high) of `qh` are the
+                                // codes' fifth bits: +16 where set.
+                                let qh = _mm512_loadu_si512(
+                                    blk.add(crate::rows16::q5k::QH + 64 * k).cast(),
+                                );
+                                let sixteen = _mm512_set1_epi8(0x10);
+                                let (u1, u2) = (1i8 << (2 * j), (2u8 << (2 * j)) as i8);
+                                let m1 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u1));
+                                let m2 = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(u2));
+                                lo[k] = _mm512_mask_add_epi8(lo[k], m1, lo[k], sixteen);
+                                hi4[k] = _mm512_mask_add_epi8(hi4[k], m2, hi4[k], sixteen);
+                            }
                         }
                         // Tokens in pairs: eight independent `vpdpbusd` chains in flight
                         // (four per token, each four deep: its 5-cycle latency hidden), so
                         // the two ports that run them stay busy; an odd last token alone.
                         // (One pass over the codes for up to four tokens at once, sixteen
-                        // chains, ran slower: 4 tokens 279 → 308 µs, 2 tokens 206 → 246.)
+                        // chains, ran slower: `decode_dram` from cache, one thread, 4 tokens
+                        // 279 → 308 µs, 2 tokens 206 → 246.)
                         // (Macros, not closures: a closure's body does not inherit the
                         // function's target features, and its intrinsics become calls.)
                         // The four chains of each of the `$n` tokens of `$ys` (activation
