@@ -439,6 +439,13 @@ pub struct Activations<'a> {
     min_sum: Vec<f32>,
     bsums: Vec<[i32; 16]>,
     min_pairs: Vec<[i32; 4]>,
+    /// Q6_K only: `−32 · bsum` of each sub-block, the codes' offset 32 that the AVX-512
+    /// kernel starts each chain from, broadcast from memory (from `bsums`, the compiler
+    /// multiplied in a general register and broadcast from there: a vector uop each).
+    /// `decode_dram` from cache, one thread, Q6_K 2048×5632, 4 tokens 479-488 → 446-472 µs;
+    /// one token, and from DRAM, level.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    offsets: Vec<[i32; 16]>,
     /// Where products run on AMX tiles ([`tiles_serve`]): the activation codes as the tiles
     /// load them, per window of 16 rows (the last one shorter) and 32-value block (k-quants:
     /// sub-block), the window's rows' 32 codes one after another: window `t0 / 16` starts at
@@ -506,6 +513,7 @@ impl<'a> Activations<'a> {
             min_sum: Vec::new(),
             bsums: Vec::new(),
             min_pairs: Vec::new(),
+            offsets: Vec::new(),
             tile_codes: Vec::new(),
             tile_terms: Vec::new(),
         };
@@ -549,6 +557,9 @@ impl<'a> Activations<'a> {
                     i32::from(i16::from_le_bytes([y[260 + 2 * t], y[261 + 2 * t]]))
                 });
                 a.bsums.push(bs);
+                if ty == GgmlType::Q6K {
+                    a.offsets.push(bs.map(|s| -32 * s));
+                }
                 // |pair| ≤ 32 · 128: an i16.
                 a.min_pairs.push(std::array::from_fn(|s| {
                     let lo = bs[4 * s] + bs[4 * s + 1];
@@ -1349,7 +1360,7 @@ pub(crate) mod q6k {
                     let blk = p.add(GROUP_BLOCK * b);
                     let (d, sc) = scales(blk);
                     let y = a.blocks.get_unchecked(b).as_ptr().add(4);
-                    let bs = a.bsums.get_unchecked(b);
+                    let offs = a.offsets.get_unchecked(b);
                     let mut isum = _mm512_setzero_si512();
                     for h in 0..2 {
                         // Where one token prefetches (Intel): a sixteenth of the superblock
@@ -1357,7 +1368,7 @@ pub(crate) mod q6k {
                         let half = GROUP_BLOCK / 2;
                         // acc[fq][s]: sub-block 8h + 2fq + s, starting from its offset term.
                         let mut acc: [[__m512i; 2]; 4] = std::array::from_fn(|fq| {
-                            std::array::from_fn(|s| _mm512_set1_epi32(-32 * bs[8 * h + 2 * fq + s]))
+                            std::array::from_fn(|s| _mm512_set1_epi32(offs[8 * h + 2 * fq + s]))
                         });
                         for k in 0..8 {
                             let at = blk.add(half * h + half / 8 * k);
@@ -1466,9 +1477,9 @@ pub(crate) mod q6k {
                                     .add(4 + 128 * h + 32 * fq)
                                     .cast::<i32>();
                                 // The codes' offset 32, removed exactly per sub-block.
-                                let bs = a.bsums.get_unchecked(b);
-                                let mut s0 = _mm512_set1_epi32(-32 * bs[t0]);
-                                let mut s1 = _mm512_set1_epi32(-32 * bs[t0 + 1]);
+                                let offs = a.offsets.get_unchecked(b);
+                                let mut s0 = _mm512_set1_epi32(offs[t0]);
+                                let mut s1 = _mm512_set1_epi32(offs[t0 + 1]);
                                 for k in 0..4 {
                                     s0 = _mm512_dpbusd_epi32(
                                         s0,
@@ -1574,12 +1585,14 @@ mod x86 {
     }
 
     /// One Q8_K activation row as the k-quant kernels read it: per superblock its codes, its
-    /// scale `dy`, the sums of its 16-value sub-blocks and their 32-value pairs (as i16).
+    /// scale `dy`, the sums of its 32-value sub-block pairs (as i16: Q4_K's and Q5_K's mins)
+    /// and Q6_K's offset terms.
     pub(super) struct Q8kAct<'a> {
         pub(super) blocks: &'a [[u8; 292]],
         pub(super) dy: &'a [f32],
-        pub(super) bsums: &'a [[i32; 16]],
         pub(super) min_pairs: &'a [[i32; 4]],
+        /// Q6_K: the sub-blocks' offset terms (`Activations::offsets`); else empty.
+        pub(super) offsets: &'a [[i32; 16]],
     }
 
     impl<'a> Q8kAct<'a> {
@@ -1590,8 +1603,8 @@ mod x86 {
             Q8kAct {
                 blocks: &y.as_chunks::<292>().0[..nb],
                 dy: &acts.dy[t * nb..(t + 1) * nb],
-                bsums: &acts.bsums[t * nb..(t + 1) * nb],
                 min_pairs: &acts.min_pairs[t * nb..(t + 1) * nb],
+                offsets: acts.offsets.get(t * nb..(t + 1) * nb).unwrap_or(&[]),
             }
         }
     }
@@ -1629,6 +1642,7 @@ mod x86 {
     ) {
         let nb = acts.blocks;
         assert!(acts.bsums.len() >= tokens.end * nb);
+        assert!(acts.ty != GgmlType::Q6K || acts.offsets.len() >= tokens.end * nb);
         let rows: Vec<Q8kAct<'_>> = tokens.clone().map(|t| Q8kAct::row(acts, t)).collect();
         let group_bytes = nb * K::GROUP_BLOCK;
         macro_rules! dispatch {
@@ -1743,6 +1757,89 @@ mod x86 {
             )
         };
         acc
+    }
+
+    /// Eight `vpdpbusd` of one token: `acc[k % 2] += codes[k] · y[k]` for k in 0..8, each
+    /// activation dword `y[k]` broadcast from memory (`{1to16}`), so each is one fused uop.
+    /// With `_mm512_set1_epi32` the compiler loaded several tokens' dwords ahead into
+    /// general registers, spilled them, and broadcast them with `vpbroadcastd` from a
+    /// register: a uop on a vector port per dword, on the ports the products need
+    /// (`q4k::x86::k4`'s docs). `decode_dram` on the Intel Xeon with AMX, 4864×896, µs:
+    /// from cache, one thread, Q5_0 2 tokens 141 → 95, 4 tokens 201 → 134, 8 tokens 260 →
+    /// 239, Q4_0 4 tokens 173 → 119, one token and Q8_0 level; from DRAM, two threads, two
+    /// alternations, 4 tokens Q5_0 131-133 → 106-109, Q4_0 117 → 94-95, Q8_0 180-191 →
+    /// 172-175, 8 tokens Q5_0 161-162 → 143-149, Q8_0 224-237 → 204-209.
+    ///
+    /// # Safety
+    /// `y` addresses 32 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn dpbusd8_bcst(
+        acc: [__m512i; 2],
+        codes: &[__m512i; 8],
+        y: *const i32,
+    ) -> [__m512i; 2] {
+        let [mut a0, mut a1] = acc;
+        // SAFETY: AVX-512 VNNI register products with eight dword loads from `y..y + 32`,
+        // readable (caller); no stack, no flags; the callers run with AVX-512 VNNI enabled.
+        unsafe {
+            std::arch::asm!(
+                "vpdpbusd {a0}, {c0}, dword ptr [{y}]{{1to16}}",
+                "vpdpbusd {a1}, {c1}, dword ptr [{y} + 4]{{1to16}}",
+                "vpdpbusd {a0}, {c2}, dword ptr [{y} + 8]{{1to16}}",
+                "vpdpbusd {a1}, {c3}, dword ptr [{y} + 12]{{1to16}}",
+                "vpdpbusd {a0}, {c4}, dword ptr [{y} + 16]{{1to16}}",
+                "vpdpbusd {a1}, {c5}, dword ptr [{y} + 20]{{1to16}}",
+                "vpdpbusd {a0}, {c6}, dword ptr [{y} + 24]{{1to16}}",
+                "vpdpbusd {a1}, {c7}, dword ptr [{y} + 28]{{1to16}}",
+                a0 = inout(zmm_reg) a0,
+                a1 = inout(zmm_reg) a1,
+                c0 = in(zmm_reg) codes[0],
+                c1 = in(zmm_reg) codes[1],
+                c2 = in(zmm_reg) codes[2],
+                c3 = in(zmm_reg) codes[3],
+                c4 = in(zmm_reg) codes[4],
+                c5 = in(zmm_reg) codes[5],
+                c6 = in(zmm_reg) codes[6],
+                c7 = in(zmm_reg) codes[7],
+                y = in(reg) y,
+                options(pure, readonly, nostack, preserves_flags)
+            )
+        };
+        [a0, a1]
+    }
+
+    /// [`dpbusd8_bcst`]'s first half: four `vpdpbusd`, `acc[k % 2] += codes[k] · y[k]`.
+    ///
+    /// # Safety
+    /// `y` addresses 16 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn dpbusd4_bcst(
+        acc: [__m512i; 2],
+        codes: &[__m512i; 4],
+        y: *const i32,
+    ) -> [__m512i; 2] {
+        let [mut a0, mut a1] = acc;
+        // SAFETY: AVX-512 VNNI register products with four dword loads from `y..y + 16`,
+        // readable (caller); no stack, no flags; the callers run with AVX-512 VNNI enabled.
+        unsafe {
+            std::arch::asm!(
+                "vpdpbusd {a0}, {c0}, dword ptr [{y}]{{1to16}}",
+                "vpdpbusd {a1}, {c1}, dword ptr [{y} + 4]{{1to16}}",
+                "vpdpbusd {a0}, {c2}, dword ptr [{y} + 8]{{1to16}}",
+                "vpdpbusd {a1}, {c3}, dword ptr [{y} + 12]{{1to16}}",
+                a0 = inout(zmm_reg) a0,
+                a1 = inout(zmm_reg) a1,
+                c0 = in(zmm_reg) codes[0],
+                c1 = in(zmm_reg) codes[1],
+                c2 = in(zmm_reg) codes[2],
+                c3 = in(zmm_reg) codes[3],
+                y = in(reg) y,
+                options(pure, readonly, nostack, preserves_flags)
+            )
+        };
+        [a0, a1]
     }
 
     /// How far ahead a product of several tokens prefetches ([`prefetch_ahead`]).
@@ -1892,7 +1989,8 @@ mod x86 {
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
                 // One token prefetches the whole block-group ahead at once; two spread it over
-                // the work on it, a line or so per chunk `k` of each token's dot; more, a
+                // the work on it, a line or so per half (four chunks) of each token's dot
+                // (per chunk `k` before the dots were `asm!`: `dpbusd8_bcst`); more, a
                 // `T`-th of it per token, but Q8_0 the whole block-group at once. `decode_dram`
                 // from DRAM, two threads, two passes, µs, 4864×896: Q5_0 2 tokens 124-129 →
                 // 96-103, 4 tokens 139-147 → 117-126, 8 tokens 163-168 → 141-152; Q4_0 2
@@ -1941,19 +2039,23 @@ mod x86 {
                     let y = ys[t].add(34 * b + 2).cast::<i32>();
                     // Two chains (integer sums are exact in any order), as one `vpdpbusd`
                     // chain of 8 waits on its latency.
-                    let mut acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
-                    for (k, c) in codes.iter().enumerate() {
-                        if by_chunk {
-                            let lines = (GROUP_ROWS * bb).div_ceil(64);
-                            let i = 8 * t + k;
-                            let (l0, l1) = (i * lines / (8 * T), (i + 1) * lines / (8 * T));
+                    let acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
+                    let acc = if by_chunk {
+                        let lines = (GROUP_ROWS * bb).div_ceil(64);
+                        let mut acc = acc;
+                        for h in 0..2 {
+                            let i = 2 * t + h;
+                            let (l0, l1) = (i * lines / (2 * T), (i + 1) * lines / (2 * T));
                             if l1 > l0 {
                                 prefetch_ahead::<T>(blk.add(64 * l0), 64 * (l1 - l0));
                             }
+                            let c: &[__m512i; 4] = codes[4 * h..][..4].try_into().unwrap();
+                            acc = dpbusd4_bcst(acc, c, y.add(4 * h));
                         }
-                        let yk = _mm512_set1_epi32(y.add(k).read_unaligned());
-                        acc[k % 2] = _mm512_dpbusd_epi32(acc[k % 2], *c, yk);
-                    }
+                        acc
+                    } else {
+                        dpbusd8_bcst(acc, &codes, y)
+                    };
                     let acc = _mm512_add_epi32(acc[0], acc[1]);
                     let dy = _mm512_set1_ps(*dys[t].add(b));
                     let mut prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
