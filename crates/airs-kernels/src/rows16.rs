@@ -1352,6 +1352,9 @@ pub(crate) mod q6k {
             let mut f = _mm512_setzero_ps();
             let low = _mm512_set1_epi8(0x0F);
             let top = _mm512_set1_epi8(0x30);
+            // Read once: the prefetches' `asm!` may write memory, so a check inside the loop
+            // reloads the flag after every one.
+            let intel = crate::rows16::x86::is_intel();
             let p = group.as_ptr();
             for b in 0..nb {
                 // SAFETY: superblock b spans [3360·b, 3360·(b+1)) of `group`, and block b of
@@ -1366,33 +1369,57 @@ pub(crate) mod q6k {
                         // Where one token prefetches (Intel): a sixteenth of the superblock
                         // per chunk `k` worked on (`superblocks_one`'s docs).
                         let half = GROUP_BLOCK / 2;
-                        // acc[fq][s]: sub-block 8h + 2fq + s, starting from its offset term.
-                        let mut acc: [[__m512i; 2]; 4] = std::array::from_fn(|fq| {
-                            std::array::from_fn(|s| _mm512_set1_epi32(offs[8 * h + 2 * fq + s]))
-                        });
-                        for k in 0..8 {
-                            let at = blk.add(half * h + half / 8 * k);
-                            crate::rows16::x86::prefetch_ahead::<1>(at, half / 8);
-                            let ql0 = _mm512_loadu_si512(blk.add(ql(h, k)).cast());
-                            let ql1 = _mm512_loadu_si512(blk.add(ql(h, 8 + k)).cast());
-                            let qh = _mm512_loadu_si512(blk.add(qh(h, k)).cast());
-                            let codes = [
-                                (_mm512_and_si512(ql0, low), _mm512_slli_epi16::<4>(qh)),
-                                (_mm512_and_si512(ql1, low), _mm512_slli_epi16::<2>(qh)),
-                                (_mm512_and_si512(_mm512_srli_epi16::<4>(ql0), low), qh),
-                                (
-                                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), low),
-                                    _mm512_srli_epi16::<2>(qh),
-                                ),
-                            ];
-                            for (fq, (nib, hb)) in codes.into_iter().enumerate() {
-                                let c = _mm512_or_si512(nib, _mm512_and_si512(hb, top));
-                                let yk = y.add(128 * h + 32 * fq + 4 * k).cast::<i32>();
-                                let yk = _mm512_set1_epi32(yk.read_unaligned());
-                                acc[fq][k / 4] = _mm512_dpbusd_epi32(acc[fq][k / 4], c, yk);
-                            }
+                        // Chunk `k`'s four `vpdpbusd` into `acc[fq]` (sub-block 8h + 2fq for
+                        // k < 4, 8h + 2fq + 1 after). Two arrays, each indexed by constants
+                        // only, so they stay in registers: with one indexed by `k / 4` the
+                        // compiler, which did not unroll this loop, kept it on the stack, a
+                        // store and a reload around every `vpdpbusd`. Together with
+                        // `dpbusd_at`, from DRAM, two threads, three alternations: 2048×5632
+                        // 344-347 → 325-342 µs (stream 294-305), 896×4864 126-130 → 122-126
+                        // (stream 113-117).
+                        macro_rules! chunk {
+                            ($k:expr, $acc:expr) => {{
+                                let k = $k;
+                                if intel {
+                                    let at = blk.add(half * h + half / 8 * k);
+                                    crate::rows16::x86::prefetch_held(at, half / 8);
+                                }
+                                let ql0 = _mm512_loadu_si512(blk.add(ql(h, k)).cast());
+                                let ql1 = _mm512_loadu_si512(blk.add(ql(h, 8 + k)).cast());
+                                let qh = _mm512_loadu_si512(blk.add(qh(h, k)).cast());
+                                let codes = [
+                                    (_mm512_and_si512(ql0, low), _mm512_slli_epi16::<4>(qh)),
+                                    (_mm512_and_si512(ql1, low), _mm512_slli_epi16::<2>(qh)),
+                                    (_mm512_and_si512(_mm512_srli_epi16::<4>(ql0), low), qh),
+                                    (
+                                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), low),
+                                        _mm512_srli_epi16::<2>(qh),
+                                    ),
+                                ];
+                                let c = codes.map(|(nib, hb)| {
+                                    _mm512_or_si512(nib, _mm512_and_si512(hb, top))
+                                });
+                                // The four quarters' dwords, 32 bytes apart.
+                                let yk = y.add(128 * h + 4 * k).cast::<i32>();
+                                use crate::rows16::x86::dpbusd_at;
+                                $acc[0] = dpbusd_at::<0>($acc[0], c[0], yk);
+                                $acc[1] = dpbusd_at::<8>($acc[1], c[1], yk);
+                                $acc[2] = dpbusd_at::<16>($acc[2], c[2], yk);
+                                $acc[3] = dpbusd_at::<24>($acc[3], c[3], yk);
+                            }};
                         }
-                        for (fq, [s0, s1]) in acc.into_iter().enumerate() {
+                        // Each chain starts from its sub-block's offset term.
+                        let mut acc0: [__m512i; 4] =
+                            std::array::from_fn(|fq| _mm512_set1_epi32(offs[8 * h + 2 * fq]));
+                        let mut acc1: [__m512i; 4] =
+                            std::array::from_fn(|fq| _mm512_set1_epi32(offs[8 * h + 2 * fq + 1]));
+                        for k in 0..4 {
+                            chunk!(k, acc0);
+                        }
+                        for k in 4..8 {
+                            chunk!(k, acc1);
+                        }
+                        for (fq, (s0, s1)) in acc0.into_iter().zip(acc1).enumerate() {
                             let t0 = 8 * h + 2 * fq;
                             let t = _mm512_add_epi32(
                                 _mm512_mullo_epi32(sc[t0], s0),
@@ -1480,18 +1507,17 @@ pub(crate) mod q6k {
                                 let offs = a.offsets.get_unchecked(b);
                                 let mut s0 = _mm512_set1_epi32(offs[t0]);
                                 let mut s1 = _mm512_set1_epi32(offs[t0 + 1]);
-                                for k in 0..4 {
-                                    s0 = _mm512_dpbusd_epi32(
-                                        s0,
-                                        codes[k],
-                                        _mm512_set1_epi32(y.add(k).read_unaligned()),
-                                    );
-                                    s1 = _mm512_dpbusd_epi32(
-                                        s1,
-                                        codes[4 + k],
-                                        _mm512_set1_epi32(y.add(4 + k).read_unaligned()),
-                                    );
+                                macro_rules! dots {
+                                    ($($k:literal)*) => {$(
+                                        s0 = crate::rows16::x86::dpbusd_at::<$k>(
+                                            s0, codes[$k], y,
+                                        );
+                                        s1 = crate::rows16::x86::dpbusd_at::<{ 4 + $k }>(
+                                            s1, codes[4 + $k], y,
+                                        );
+                                    )*};
                                 }
+                                dots!(0 1 2 3);
                                 let t = _mm512_add_epi32(
                                     _mm512_mullo_epi32(sc[t0], s0),
                                     _mm512_mullo_epi32(sc[t0 + 1], s1),
@@ -1759,87 +1785,41 @@ mod x86 {
         acc
     }
 
-    /// Eight `vpdpbusd` of one token: `acc[k % 2] += codes[k] · y[k]` for k in 0..8, each
-    /// activation dword `y[k]` broadcast from memory (`{1to16}`), so each is one fused uop.
-    /// With `_mm512_set1_epi32` the compiler loaded several tokens' dwords ahead into
-    /// general registers, spilled them, and broadcast them with `vpbroadcastd` from a
-    /// register: a uop on a vector port per dword, on the ports the products need
-    /// (`q4k::x86::k4`'s docs). `decode_dram` on the Intel Xeon with AMX, 4864×896, µs:
-    /// from cache, one thread, Q5_0 2 tokens 141 → 95, 4 tokens 201 → 134, 8 tokens 260 →
-    /// 239, Q4_0 4 tokens 173 → 119, one token and Q8_0 level; from DRAM, two threads, two
-    /// alternations, 4 tokens Q5_0 131-133 → 106-109, Q4_0 117 → 94-95, Q8_0 180-191 →
-    /// 172-175, 8 tokens Q5_0 161-162 → 143-149, Q8_0 224-237 → 204-209.
+    /// One `vpdpbusd`: `acc + codes · y[DWORD]`, the activation dword `DWORD` of `y` broadcast
+    /// from memory (`{1to16}`), one fused uop. With `_mm512_set1_epi32` and the intrinsic the
+    /// compiler loaded several tokens' dwords ahead into general registers, spilled them, and
+    /// broadcast them with `vpbroadcastd` from a register: a uop on a vector port per dword,
+    /// on the ports the products need (`q4k::x86::k4`'s docs); or, in Q6_K's one-token
+    /// kernel, hoisted the broadcasts of a whole half and spilled them to the stack.
+    /// `decode_dram` on the Intel Xeon with AMX, µs: legacy 4864×896 from cache, one thread,
+    /// Q5_0 2 tokens 141 → 95, 4 tokens 201 → 134, 8 tokens 260 → 239, Q4_0 4 tokens 173 →
+    /// 119, one token and Q8_0 level; from DRAM, two threads, two alternations, 4 tokens Q5_0
+    /// 131-133 → 106-109, Q4_0 117 → 94-95, Q8_0 180-191 → 172-175, 8 tokens Q5_0 161-162 →
+    /// 143-149, Q8_0 224-237 → 204-209; Q6_K one token from cache 313 → 283-298.
     ///
     /// # Safety
-    /// `y` addresses 32 readable bytes.
+    /// `y` addresses at least `4 · (DWORD + 1)` readable bytes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vnni")]
-    pub(super) unsafe fn dpbusd8_bcst(
-        acc: [__m512i; 2],
-        codes: &[__m512i; 8],
+    pub(super) unsafe fn dpbusd_at<const DWORD: usize>(
+        acc: __m512i,
+        codes: __m512i,
         y: *const i32,
-    ) -> [__m512i; 2] {
-        let [mut a0, mut a1] = acc;
-        // SAFETY: AVX-512 VNNI register products with eight dword loads from `y..y + 32`,
+    ) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: an AVX-512 VNNI register product with one dword load at `y + 4 · DWORD`,
         // readable (caller); no stack, no flags; the callers run with AVX-512 VNNI enabled.
         unsafe {
             std::arch::asm!(
-                "vpdpbusd {a0}, {c0}, dword ptr [{y}]{{1to16}}",
-                "vpdpbusd {a1}, {c1}, dword ptr [{y} + 4]{{1to16}}",
-                "vpdpbusd {a0}, {c2}, dword ptr [{y} + 8]{{1to16}}",
-                "vpdpbusd {a1}, {c3}, dword ptr [{y} + 12]{{1to16}}",
-                "vpdpbusd {a0}, {c4}, dword ptr [{y} + 16]{{1to16}}",
-                "vpdpbusd {a1}, {c5}, dword ptr [{y} + 20]{{1to16}}",
-                "vpdpbusd {a0}, {c6}, dword ptr [{y} + 24]{{1to16}}",
-                "vpdpbusd {a1}, {c7}, dword ptr [{y} + 28]{{1to16}}",
-                a0 = inout(zmm_reg) a0,
-                a1 = inout(zmm_reg) a1,
-                c0 = in(zmm_reg) codes[0],
-                c1 = in(zmm_reg) codes[1],
-                c2 = in(zmm_reg) codes[2],
-                c3 = in(zmm_reg) codes[3],
-                c4 = in(zmm_reg) codes[4],
-                c5 = in(zmm_reg) codes[5],
-                c6 = in(zmm_reg) codes[6],
-                c7 = in(zmm_reg) codes[7],
+                "vpdpbusd {acc}, {codes}, dword ptr [{y} + {at}]{{1to16}}",
+                acc = inout(zmm_reg) acc,
+                codes = in(zmm_reg) codes,
                 y = in(reg) y,
+                at = const 4 * DWORD,
                 options(pure, readonly, nostack, preserves_flags)
             )
         };
-        [a0, a1]
-    }
-
-    /// [`dpbusd8_bcst`]'s first half: four `vpdpbusd`, `acc[k % 2] += codes[k] · y[k]`.
-    ///
-    /// # Safety
-    /// `y` addresses 16 readable bytes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    pub(super) unsafe fn dpbusd4_bcst(
-        acc: [__m512i; 2],
-        codes: &[__m512i; 4],
-        y: *const i32,
-    ) -> [__m512i; 2] {
-        let [mut a0, mut a1] = acc;
-        // SAFETY: AVX-512 VNNI register products with four dword loads from `y..y + 16`,
-        // readable (caller); no stack, no flags; the callers run with AVX-512 VNNI enabled.
-        unsafe {
-            std::arch::asm!(
-                "vpdpbusd {a0}, {c0}, dword ptr [{y}]{{1to16}}",
-                "vpdpbusd {a1}, {c1}, dword ptr [{y} + 4]{{1to16}}",
-                "vpdpbusd {a0}, {c2}, dword ptr [{y} + 8]{{1to16}}",
-                "vpdpbusd {a1}, {c3}, dword ptr [{y} + 12]{{1to16}}",
-                a0 = inout(zmm_reg) a0,
-                a1 = inout(zmm_reg) a1,
-                c0 = in(zmm_reg) codes[0],
-                c1 = in(zmm_reg) codes[1],
-                c2 = in(zmm_reg) codes[2],
-                c3 = in(zmm_reg) codes[3],
-                y = in(reg) y,
-                options(pure, readonly, nostack, preserves_flags)
-            )
-        };
-        [a0, a1]
+        acc
     }
 
     /// How far ahead a product of several tokens prefetches ([`prefetch_ahead`]).
@@ -1905,20 +1885,29 @@ mod x86 {
         if T > 1 {
             prefetch_lines::<_MM_HINT_T1>(p, SEVERAL_TOKENS_AHEAD, bytes);
         } else if is_intel() {
-            for l in 0..bytes.div_ceil(64) {
-                let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
-                // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
-                // (`wrapping_add` keeps the arithmetic defined); it writes no register and no
-                // flags, and touches no stack. The block is not marked `nomem` or `readonly` on
-                // purpose: the compiler must not move the kernel's loads across it (above).
-                unsafe {
-                    std::arch::asm!(
-                        "prefetcht1 [{}]",
-                        in(reg) line,
-                        options(nostack, preserves_flags)
-                    )
-                };
-            }
+            prefetch_held(p, bytes);
+        }
+    }
+
+    /// One token's prefetch of [`prefetch_ahead`] on Intel's cores, without the vendor check
+    /// (for a kernel that reads [`is_intel`] once): `prefetcht1` of every line of `bytes` bytes
+    /// from `p` + [`ONE_TOKEN_AHEAD`], held where the kernel issues it.
+    #[inline]
+    pub(super) fn prefetch_held(p: *const u8, bytes: usize) {
+        for l in 0..bytes.div_ceil(64) {
+            let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
+            // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
+            // (`wrapping_add` keeps the arithmetic defined); it writes no register and no
+            // flags, and touches no stack. The block is not marked `nomem` or `readonly` on
+            // purpose: the compiler must not move the kernel's loads across it
+            // ([`prefetch_ahead`]).
+            unsafe {
+                std::arch::asm!(
+                    "prefetcht1 [{}]",
+                    in(reg) line,
+                    options(nostack, preserves_flags)
+                )
+            };
         }
     }
 
@@ -2040,22 +2029,28 @@ mod x86 {
                     // Two chains (integer sums are exact in any order), as one `vpdpbusd`
                     // chain of 8 waits on its latency.
                     let acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
-                    let acc = if by_chunk {
+                    let mut acc = acc;
+                    macro_rules! dots {
+                        ($($k:literal)*) => {$(
+                            acc[$k % 2] = dpbusd_at::<$k>(acc[$k % 2], codes[$k], y);
+                        )*};
+                    }
+                    if by_chunk {
+                        // A line or so of the block-group per half of each token's dot.
                         let lines = (GROUP_ROWS * bb).div_ceil(64);
-                        let mut acc = acc;
-                        for h in 0..2 {
-                            let i = 2 * t + h;
+                        let prefetch = |i: usize| {
                             let (l0, l1) = (i * lines / (2 * T), (i + 1) * lines / (2 * T));
                             if l1 > l0 {
                                 prefetch_ahead::<T>(blk.add(64 * l0), 64 * (l1 - l0));
                             }
-                            let c: &[__m512i; 4] = codes[4 * h..][..4].try_into().unwrap();
-                            acc = dpbusd4_bcst(acc, c, y.add(4 * h));
-                        }
-                        acc
+                        };
+                        prefetch(2 * t);
+                        dots!(0 1 2 3);
+                        prefetch(2 * t + 1);
+                        dots!(4 5 6 7);
                     } else {
-                        dpbusd8_bcst(acc, &codes, y)
-                    };
+                        dots!(0 1 2 3 4 5 6 7);
+                    }
                     let acc = _mm512_add_epi32(acc[0], acc[1]);
                     let dy = _mm512_set1_ps(*dys[t].add(b));
                     let mut prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
