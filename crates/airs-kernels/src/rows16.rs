@@ -1507,17 +1507,22 @@ pub(crate) mod q6k {
                                 let offs = a.offsets.get_unchecked(b);
                                 let mut s0 = _mm512_set1_epi32(offs[t0]);
                                 let mut s1 = _mm512_set1_epi32(offs[t0 + 1]);
-                                macro_rules! dots {
-                                    ($($k:literal)*) => {$(
-                                        s0 = crate::rows16::x86::dpbusd_at::<$k>(
-                                            s0, codes[$k], y,
-                                        );
-                                        s1 = crate::rows16::x86::dpbusd_at::<{ 4 + $k }>(
-                                            s1, codes[4 + $k], y,
-                                        );
-                                    )*};
+                                // (Intrinsics, not `dpbusd_at`: with it `decode_dram`
+                                // from DRAM, two threads, 2048×5632, read 4 tokens 338-353
+                                // → 379-380 µs, 8 tokens 463-468 → 553, 16 tokens 853-878
+                                // → 797-828.)
+                                for k in 0..4 {
+                                    s0 = _mm512_dpbusd_epi32(
+                                        s0,
+                                        codes[k],
+                                        _mm512_set1_epi32(y.add(k).read_unaligned()),
+                                    );
+                                    s1 = _mm512_dpbusd_epi32(
+                                        s1,
+                                        codes[4 + k],
+                                        _mm512_set1_epi32(y.add(4 + k).read_unaligned()),
+                                    );
                                 }
-                                dots!(0 1 2 3);
                                 let t = _mm512_add_epi32(
                                     _mm512_mullo_epi32(sc[t0], s0),
                                     _mm512_mullo_epi32(sc[t0 + 1], s1),
@@ -1795,7 +1800,9 @@ mod x86 {
     /// Q5_0 2 tokens 141 → 95, 4 tokens 201 → 134, 8 tokens 260 → 239, Q4_0 4 tokens 173 →
     /// 119, one token and Q8_0 level; from DRAM, two threads, two alternations, 4 tokens Q5_0
     /// 131-133 → 106-109, Q4_0 117 → 94-95, Q8_0 180-191 → 172-175, 8 tokens Q5_0 161-162 →
-    /// 143-149, Q8_0 224-237 → 204-209; Q6_K one token from cache 313 → 283-298.
+    /// 143-149, Q8_0 224-237 → 204-209, 2 tokens level (with the prefetches still issued
+    /// per chunk: per half of the dot, Q8_0 5632×2048 read 404-417 → 442-461); Q6_K one
+    /// token from cache 313 → 283-298 (its several tokens keep the intrinsics).
     ///
     /// # Safety
     /// `y` addresses at least `4 · (DWORD + 1)` readable bytes.
@@ -1978,8 +1985,7 @@ mod x86 {
             unsafe {
                 let blk = p.add(GROUP_ROWS * bb * b);
                 // One token prefetches the whole block-group ahead at once; two spread it over
-                // the work on it, a line or so per half (four chunks) of each token's dot
-                // (per chunk `k` before the dots were `asm!`: `dpbusd8_bcst`); more, a
+                // the work on it, a line or so per chunk `k` of each token's dot; more, a
                 // `T`-th of it per token, but Q8_0 the whole block-group at once. `decode_dram`
                 // from DRAM, two threads, two passes, µs, 4864×896: Q5_0 2 tokens 124-129 →
                 // 96-103, 4 tokens 139-147 → 117-126, 8 tokens 163-168 → 141-152; Q4_0 2
@@ -2030,27 +2036,21 @@ mod x86 {
                     // chain of 8 waits on its latency.
                     let acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
                     let mut acc = acc;
+                    // With two tokens a line or so of the block-group before each chunk `k`.
+                    let lines = (GROUP_ROWS * bb).div_ceil(64);
                     macro_rules! dots {
                         ($($k:literal)*) => {$(
+                            if by_chunk {
+                                let i = 8 * t + $k;
+                                let (l0, l1) = (i * lines / (8 * T), (i + 1) * lines / (8 * T));
+                                if l1 > l0 {
+                                    prefetch_ahead::<T>(blk.add(64 * l0), 64 * (l1 - l0));
+                                }
+                            }
                             acc[$k % 2] = dpbusd_at::<$k>(acc[$k % 2], codes[$k], y);
                         )*};
                     }
-                    if by_chunk {
-                        // A line or so of the block-group per half of each token's dot.
-                        let lines = (GROUP_ROWS * bb).div_ceil(64);
-                        let prefetch = |i: usize| {
-                            let (l0, l1) = (i * lines / (2 * T), (i + 1) * lines / (2 * T));
-                            if l1 > l0 {
-                                prefetch_ahead::<T>(blk.add(64 * l0), 64 * (l1 - l0));
-                            }
-                        };
-                        prefetch(2 * t);
-                        dots!(0 1 2 3);
-                        prefetch(2 * t + 1);
-                        dots!(4 5 6 7);
-                    } else {
-                        dots!(0 1 2 3 4 5 6 7);
-                    }
+                    dots!(0 1 2 3 4 5 6 7);
                     let acc = _mm512_add_epi32(acc[0], acc[1]);
                     let dy = _mm512_set1_ps(*dys[t].add(b));
                     let mut prod = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dy));
