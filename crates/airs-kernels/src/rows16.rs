@@ -1375,7 +1375,7 @@ pub(crate) mod q6k {
                         // compiler, which did not unroll this loop, kept it on the stack, a
                         // store and a reload around every `vpdpbusd`. Together with
                         // `dpbusd_at`, from DRAM, two threads, three alternations: 2048×5632
-                        // 344-347 → 325-342 µs (stream 294-305), 896×4864 126-130 → 122-126
+                        // 321-346 → 308-326 µs (stream 294-305), 896×4864 123-130 → 118-119
                         // (stream 113-117).
                         macro_rules! chunk {
                             ($k:expr, $acc:expr) => {{
@@ -1796,13 +1796,14 @@ mod x86 {
     /// broadcast them with `vpbroadcastd` from a register: a uop on a vector port per dword,
     /// on the ports the products need (`q4k::x86::k4`'s docs); or, in Q6_K's one-token
     /// kernel, hoisted the broadcasts of a whole half and spilled them to the stack.
-    /// `decode_dram` on the Intel Xeon with AMX, µs: legacy 4864×896 from cache, one thread,
-    /// Q5_0 2 tokens 141 → 95, 4 tokens 201 → 134, 8 tokens 260 → 239, Q4_0 4 tokens 173 →
-    /// 119, one token and Q8_0 level; from DRAM, two threads, two alternations, 4 tokens Q5_0
-    /// 131-133 → 106-109, Q4_0 117 → 94-95, Q8_0 180-191 → 172-175, 8 tokens Q5_0 161-162 →
-    /// 143-149, Q8_0 224-237 → 204-209, 2 tokens level (with the prefetches still issued
-    /// per chunk: per half of the dot, Q8_0 5632×2048 read 404-417 → 442-461); Q6_K one
-    /// token from cache 313 → 283-298 (its several tokens keep the intrinsics).
+    /// `decode_dram` on the Intel Xeon with AMX, µs, intrinsics → this, two alternations:
+    /// legacy 4864×896 from DRAM, two threads, 4 tokens Q5_0 130-139 → 110-113, Q4_0 114-117
+    /// → 91-95, Q8_0 190-195 → 175-179, 8 tokens Q5_0 158-161 → 149-152, Q8_0 225-239 →
+    /// 204-212, one and two tokens level (two tokens' prefetches stay per chunk: per half of
+    /// the dot, Q8_0 5632×2048 read 404-417 → 442-461); from cache, one thread, 4 tokens Q5_0
+    /// 201-202 → 123-130, Q4_0 165-168 → 109-114, Q8_0 level, 8 tokens level (Q8_0 197-204 →
+    /// 219). Q6_K one token, three alternations: from cache 303-315 → 290-299, from DRAM
+    /// 2048×5632 321-346 → 308-326 (its several tokens keep the intrinsics).
     ///
     /// # Safety
     /// `y` addresses at least `4 · (DWORD + 1)` readable bytes.
@@ -2034,8 +2035,7 @@ mod x86 {
                     let y = ys[t].add(34 * b + 2).cast::<i32>();
                     // Two chains (integer sums are exact in any order), as one `vpdpbusd`
                     // chain of 8 waits on its latency.
-                    let acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
-                    let mut acc = acc;
+                    let mut acc = [_mm512_set1_epi32(*sums[t].add(b)), _mm512_setzero_si512()];
                     // With two tokens a line or so of the block-group before each chunk `k`.
                     let lines = (GROUP_ROWS * bb).div_ceil(64);
                     macro_rules! dots {
