@@ -30,7 +30,7 @@ use airs_runtime::{
 use airs_tokenizer::EncodeOptions;
 use serde_json::json;
 
-use crate::bench_alternate::{Alternation, chunk_counts};
+use crate::bench_alternate::{Alternation, chunk_counts, read_ahead_kib};
 use crate::bench_probe_steps::{self as probe_steps, probed_request};
 use crate::model_file::{LoaderArgs, default_threads, load};
 
@@ -66,6 +66,12 @@ pub struct BenchDecodeArgs {
     /// two settings compared under the same placements (`A,B`, e.g. `2,8`).
     #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
     pub alternate_chunks: Option<Vec<usize>>,
+    /// Prefetch A or B KiB of the next matrix product a thread while it waits at the end of
+    /// one (0: none), switched before every decode step (A B B A …), and report each setting's
+    /// step time per window of 256 steps (`A,B`, e.g. `0,128`).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
+    #[arg(conflicts_with = "alternate_chunks")]
+    pub alternate_read_ahead: Option<Vec<usize>>,
     /// Decode the prompt on two KV pools at once, one on transparent huge pages (A) and one on
     /// base pages (B), a step of one and then of the other (A B B A …), and report each pool's
     /// step time per window of 256 steps: the two compared under the same placements.
@@ -363,16 +369,29 @@ pub fn run_decode(args: BenchDecodeArgs) -> anyhow::Result<()> {
         !(args.placement || args.probe_steps) || args.probe_mib > 0,
         "--placement and --probe-steps probe --probe-mib MiB: give a positive size"
     );
-    let alternation = chunk_counts(args.alternate_chunks.as_deref())?.map(|[a, b]| {
+    let chunks = chunk_counts(args.alternate_chunks.as_deref())?.map(|[a, b]| {
         let m = Arc::clone(&model);
         let apply = move |chunks| m.runtime.pool.chunks_per_thread().set_one_token(chunks);
         apply(a);
-        Arc::new(Mutex::new(Alternation::new(
+        Alternation::new(
             "one token's product: row chunks a thread",
             [a, b],
             Box::new(apply),
-        )))
+        )
     });
+    let read_ahead = read_ahead_kib(args.alternate_read_ahead.as_deref())?.map(|[a, b]| {
+        let m = Arc::clone(&model);
+        let apply = move |kib: usize| m.runtime.pool.set_read_ahead_bytes(kib << 10);
+        apply(a);
+        Alternation::new(
+            "KiB of the next product a thread prefetches",
+            [a, b],
+            Box::new(apply),
+        )
+    });
+    let alternation = chunks
+        .or(read_ahead)
+        .map(|alternation| Arc::new(Mutex::new(alternation)));
     let prompt = prompt_tokens(&model, args.prompt_tokens);
     if args.alternate_kv_pages {
         return alternate_kv_pages(&model, &prompt, &args);

@@ -193,6 +193,18 @@ pub fn chunk_counts(values: Option<&[usize]>) -> anyhow::Result<Option<[usize; 2
     }
 }
 
+/// The two sizes of `--alternate-read-ahead`, in KiB, checked (a size beyond 1 GiB is not
+/// a prefetch).
+pub fn read_ahead_kib(values: Option<&[usize]>) -> anyhow::Result<Option<[usize; 2]>> {
+    match values {
+        None => Ok(None),
+        Some(&[a, b]) if a <= 1 << 20 && b <= 1 << 20 => Ok(Some([a, b])),
+        Some(_) => {
+            anyhow::bail!("--alternate-read-ahead takes two sizes of at most 1 GiB in KiB: A,B")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -204,6 +216,17 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = Arc::clone(&seen);
         (seen, Box::new(move |v| s.lock().unwrap().push(v)))
+    }
+
+    #[test]
+    fn alternated_values_are_checked_before_a_run() {
+        assert_eq!(chunk_counts(Some(&[2, 8])).unwrap(), Some([2, 8]));
+        assert!(chunk_counts(Some(&[0, 8])).is_err());
+        assert!(chunk_counts(Some(&[2])).is_err());
+        assert_eq!(read_ahead_kib(Some(&[0, 512])).unwrap(), Some([0, 512]));
+        assert!(read_ahead_kib(Some(&[0, (1 << 20) + 1])).is_err());
+        assert!(read_ahead_kib(Some(&[0, 512, 1024])).is_err());
+        assert_eq!(read_ahead_kib(None).unwrap(), None);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use airs_runtime::{
 use serde_json::json;
 
 use crate::bench::{median, prompt_tokens};
-use crate::bench_alternate::{Alternation, chunk_counts};
+use crate::bench_alternate::{Alternation, chunk_counts, read_ahead_kib};
 use crate::model_file::{LoaderArgs, default_threads};
 
 #[derive(clap::Args, Debug)]
@@ -98,6 +98,12 @@ pub struct BenchBatchArgs {
     /// (`A,B`, e.g. `2,8`).
     #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
     pub alternate_chunks: Option<Vec<usize>>,
+    /// Prefetch A or B KiB of the next matrix product a thread while it waits at the end of
+    /// one (0: none), switched before every step (A B B A …), and report it as
+    /// `--alternate-chunks` does (`A,B`, e.g. `0,512`).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
+    #[arg(conflicts_with = "alternate_chunks")]
+    pub alternate_read_ahead: Option<Vec<usize>>,
     #[arg(long)]
     pub json: bool,
 }
@@ -413,12 +419,19 @@ pub fn run(args: BenchBatchArgs) -> anyhow::Result<()> {
         probe_read_path(&runtime.pool, runtime.isa, 256 << 20, 3)
     };
     let counts = chunk_counts(args.alternate_chunks.as_deref())?;
+    let kib = read_ahead_kib(args.alternate_read_ahead.as_deref())?;
     let mut alternations: Vec<Option<Alternation>> = args
         .sessions
         .iter()
         .map(|_| {
+            let m = Arc::clone(&model);
+            if let Some(values) = kib {
+                let apply = move |kib: usize| m.runtime.pool.set_read_ahead_bytes(kib << 10);
+                apply(values[0]);
+                let setting = "KiB of the next product a thread prefetches";
+                return Some(Alternation::new(setting, values, Box::new(apply)));
+            }
             counts.map(|values| {
-                let m = Arc::clone(&model);
                 let apply = move |chunks| {
                     m.runtime
                         .pool

@@ -24,8 +24,8 @@ use airs_kernels::Isa;
 use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
 use crate::lines::LineBuf;
-use crate::model::{Model, TensorRef};
-use crate::par::{DisjointOut, QuantizedActs, matmul, matmul_gated, matmuls};
+use crate::model::Model;
+use crate::par::{DisjointOut, QuantizedActs, Upcoming, matmul, matmul_gated, matmuls, read_ahead};
 use crate::pool::{Take, ThreadPool};
 use airs_gguf::RopeStyle;
 
@@ -344,11 +344,42 @@ impl Model {
             })
             .collect();
         let mut scratch = PassScratch::new(cfg, pass_rows.min(n_rows));
+        // The rows whose logits the output matrix computes after the last layer.
+        let logit_count: usize = seqs
+            .iter()
+            .map(|s| match s.output {
+                Output::LastLogits => 1,
+                Output::AllLogits => s.tokens.len(),
+                Output::Nothing | Output::AllHidden => 0,
+            })
+            .sum();
+        let output = [&self.output];
         for (l, layer) in self.layers.iter().enumerate() {
             self.image().enter_layer(l);
-            for pass in &passes {
+            for (p, pass) in passes.iter().enumerate() {
+                // What the pool reads after this pass's last product: the next pass's q, k
+                // and v (this layer's or the next's), or the output matrix.
+                let next_layer = if p + 1 < passes.len() {
+                    Some((layer, passes[p + 1].rows))
+                } else {
+                    self.layers.get(l + 1).map(|next| (next, passes[0].rows))
+                };
+                let after = match next_layer {
+                    Some((next, rows)) => {
+                        let qkv = [&next.wq, &next.wk, &next.wv];
+                        read_ahead(pool, rt.isa, image, rows, &Upcoming::Products(&qkv))
+                    }
+                    None if logit_count > 0 => read_ahead(
+                        pool,
+                        rt.isa,
+                        image,
+                        logit_count,
+                        &Upcoming::Products(&output),
+                    ),
+                    None => Vec::new(),
+                };
                 let x_pass = &mut x[pass.first * n_embd..(pass.first + pass.rows) * n_embd];
-                self.layer_pass(rt, seqs, l, layer, x_pass, pass, &mut scratch);
+                self.layer_pass(rt, seqs, l, layer, x_pass, pass, &after, &mut scratch);
             }
         }
         if let Some(e) = self.image().load_error() {
@@ -412,7 +443,7 @@ impl Model {
             acts.reset();
             acts.encode(pool, &self.output, &xo);
             let mut product = acts.product(&self.output, &mut out.values[pad..]);
-            matmul(pool, rt.isa, image, logit_rows.len(), &mut product);
+            matmul(pool, rt.isa, image, logit_rows.len(), &mut product, &[]);
         }
         if !hidden_rows.is_empty() {
             out.values.extend_from_slice(&normed(&hidden_rows));
@@ -433,7 +464,9 @@ impl Model {
 
     /// Layer `l` for one pass: each segment's rows of `x` are its sequence's tokens at positions
     /// `pos0..`; their keys and values are stored in that sequence's cache (whose earlier
-    /// positions of layer `l` must be there).
+    /// positions of layer `l` must be there). `after`: what each thread reads first in the
+    /// pool job after the pass ([`read_ahead`]). Each product's threads prefetch the start of
+    /// the next one while they wait at its end.
     #[allow(clippy::too_many_arguments)]
     fn layer_pass(
         &self,
@@ -443,6 +476,7 @@ impl Model {
         layer: &crate::model::LayerWeights,
         x: &mut [f32],
         pass: &Pass,
+        after: &[crate::pool::ReadAhead],
         s: &mut PassScratch,
     ) {
         let cfg = &self.config;
@@ -464,10 +498,10 @@ impl Model {
         let up = &mut s.up[..n_tokens * cfg.ff_len];
         let (acts, norm, bias) = (&mut s.acts, &mut s.norm, &mut s.bias);
 
-        let mm = |acts: &mut QuantizedActs, w: &TensorRef, input: &[f32], out: &mut [f32]| {
-            acts.encode(pool, w, input);
-            matmul(pool, rt.isa, image, n_tokens, &mut acts.product(w, out));
-        };
+        let ahead = |next: Upcoming<'_>| read_ahead(pool, rt.isa, image, n_tokens, &next);
+        let after_qkv = ahead(Upcoming::Products(&[&layer.wo]));
+        let after_wo = ahead(Upcoming::Gated(&layer.w_gate, &layer.w_up));
+        let after_gated = ahead(Upcoming::Products(&[&layer.w_down]));
 
         layer.attn_norm.decode_vector(image, norm);
         rms_norm(x, norm, cfg.rms_eps, xn);
@@ -485,6 +519,7 @@ impl Model {
                 acts.product(&layer.wk, &mut *k),
                 acts.product(&layer.wv, &mut *v),
             ],
+            &after_qkv,
         );
         for (out, b) in [
             (&mut *q, &layer.bq),
@@ -575,58 +610,69 @@ impl Model {
                     crate::par::Work::attention(positions * kv_row_bytes, f32_macs)
                 })
                 .sum();
-            crate::par::for_chunks_of(pool, pairs * slices, 1, Take::OneByOne, work, &|range| {
-                ATTENTION_SCRATCH.with(|scratch| {
-                    let mut scratch = scratch.borrow_mut();
-                    let AttentionScratch {
-                        scores,
-                        queries: qbuf,
-                        outs: obuf,
-                    } = &mut *scratch;
-                    for item in range {
-                        let (b, rest) = (
-                            item / (cfg.kv_heads * slices),
-                            item % (cfg.kv_heads * slices),
-                        );
-                        let (g, s) = (rest / slices, rest % slices);
-                        let h0 = g * group + s * per_slice;
-                        let h1 = (h0 + per_slice).min((g + 1) * group);
-                        let (seq, row0, rows, last) = blocks[b];
-                        let n_ctx = last + 1;
-                        // The last row's positions (a block of several starts at 0).
-                        let positions = window.map_or(0, |w| n_ctx.saturating_sub(w))..n_ctx;
-                        let width = (h1 - h0) * head_dim;
-                        let at = |t: usize| t * q_len + h0 * head_dim;
-                        let needed = rows * (h1 - h0) * positions.len();
-                        if scores.len() < needed {
-                            scores.resize(needed, 0.0);
+            let ahead = &after_qkv;
+            crate::par::for_chunks_of(
+                pool,
+                pairs * slices,
+                1,
+                Take::OneByOne,
+                work,
+                ahead,
+                &|range| {
+                    ATTENTION_SCRATCH.with(|scratch| {
+                        let mut scratch = scratch.borrow_mut();
+                        let AttentionScratch {
+                            scores,
+                            queries: qbuf,
+                            outs: obuf,
+                        } = &mut *scratch;
+                        for item in range {
+                            let (b, rest) = (
+                                item / (cfg.kv_heads * slices),
+                                item % (cfg.kv_heads * slices),
+                            );
+                            let (g, s) = (rest / slices, rest % slices);
+                            let h0 = g * group + s * per_slice;
+                            let h1 = (h0 + per_slice).min((g + 1) * group);
+                            let (seq, row0, rows, last) = blocks[b];
+                            let n_ctx = last + 1;
+                            // The last row's positions (a block of several starts at 0).
+                            let positions = window.map_or(0, |w| n_ctx.saturating_sub(w))..n_ctx;
+                            let width = (h1 - h0) * head_dim;
+                            let at = |t: usize| t * q_len + h0 * head_dim;
+                            let needed = rows * (h1 - h0) * positions.len();
+                            if scores.len() < needed {
+                                scores.resize(needed, 0.0);
+                            }
+                            let cache = caches[seq];
+                            if rows == 1 {
+                                // SAFETY: each (block, KV head, slice) item is visited once and
+                                // owns the disjoint output range of its rows' query heads.
+                                let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
+                                let qh = &q[at(row0)..at(row0) + width];
+                                cache.attend(l, g, qh, positions, scale, out, scores);
+                                continue;
+                            }
+                            // Several rows: their queries and outputs made contiguous.
+                            qbuf.clear();
+                            for t in row0..row0 + rows {
+                                qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
+                            }
+                            obuf.resize(rows * width, 0.0);
+                            cache.attend_queries(l, g, qbuf, rows, positions, scale, obuf, scores);
+                            for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
+                                // SAFETY: as above; the block's rows are its own.
+                                unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);
+                            }
                         }
-                        let cache = caches[seq];
-                        if rows == 1 {
-                            // SAFETY: each (block, KV head, slice) item is visited once and
-                            // owns the disjoint output range of its rows' query heads.
-                            let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
-                            let qh = &q[at(row0)..at(row0) + width];
-                            cache.attend(l, g, qh, positions, scale, out, scores);
-                            continue;
-                        }
-                        // Several rows: their queries and outputs made contiguous.
-                        qbuf.clear();
-                        for t in row0..row0 + rows {
-                            qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
-                        }
-                        obuf.resize(rows * width, 0.0);
-                        cache.attend_queries(l, g, qbuf, rows, positions, scale, obuf, scores);
-                        for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
-                            // SAFETY: as above; the block's rows are its own.
-                            unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);
-                        }
-                    }
-                });
-            });
+                    });
+                },
+            );
         }
         acts.reset();
-        mm(acts, &layer.wo, attn, proj);
+        acts.encode(pool, &layer.wo, attn);
+        let product = &mut acts.product(&layer.wo, proj);
+        matmul(pool, rt.isa, image, n_tokens, product, &after_wo);
         if let Some(w) = &layer.post_attn_norm {
             w.decode_vector(image, norm);
             rms_norm_in_place(proj, norm, cfg.rms_eps);
@@ -648,9 +694,12 @@ impl Model {
             acts.product(&layer.w_gate, &mut *gate),
             acts.product(&layer.w_up, &mut *up),
             &|g, u| airs_kernels::gated(rt.isa, activation, g, u),
+            &after_gated,
         );
         acts.reset();
-        mm(acts, &layer.w_down, gate, proj);
+        acts.encode(pool, &layer.w_down, gate);
+        let product = &mut acts.product(&layer.w_down, proj);
+        matmul(pool, rt.isa, image, n_tokens, product, after);
         if let Some(w) = &layer.post_ffn_norm {
             w.decode_vector(image, norm);
             rms_norm_in_place(proj, norm, cfg.rms_eps);

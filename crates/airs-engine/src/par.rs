@@ -11,7 +11,7 @@ use airs_kernels::{ActType, Isa, PreparedActs};
 use crate::model::TensorRef;
 #[cfg(test)]
 use crate::pool::ChunksPerThread;
-use crate::pool::{Take, ThreadPool};
+use crate::pool::{ReadAhead, Take, ThreadPool};
 
 /// An output buffer that the chunks of a parallel job write disjoint parts of.
 pub(crate) struct DisjointOut<'a, T> {
@@ -131,14 +131,15 @@ impl Work {
 }
 
 /// `f` over `0..items` in chunks of `chunk` on the pool's threads, each thread taking its own
-/// run as `take` says, or all of it at once on this thread when `work` is small
-/// ([`Work::INLINE_BYTES`]).
+/// run as `take` says and then prefetching what `ahead` says it reads next, or all of it at
+/// once on this thread when `work` is small ([`Work::INLINE_BYTES`]).
 pub(crate) fn for_chunks_of(
     pool: &ThreadPool,
     items: usize,
     chunk: usize,
     take: Take,
     work: Work,
+    ahead: &[ReadAhead],
     f: &(dyn Fn(Range<usize>) + Sync),
 ) {
     if work.inline() {
@@ -147,7 +148,7 @@ pub(crate) fn for_chunks_of(
         }
         return;
     }
-    pool.for_chunks_as(items, chunk, take, f);
+    pool.for_chunks_as(items, chunk, take, ahead, f);
 }
 
 thread_local! {
@@ -196,7 +197,7 @@ impl QuantizedActs {
             }
             let writer = DisjointOut::new(&mut buf[..*len]);
             let work = Work::bytes(std::mem::size_of_val(x));
-            for_chunks_of(pool, rows, 4, Take::OneByOne, work, &|range| {
+            for_chunks_of(pool, rows, 4, Take::OneByOne, work, &[], &|range| {
                 // SAFETY: chunks partition the rows, so their byte ranges are disjoint.
                 let out = unsafe { writer.slice(range.start * row_bytes..range.end * row_bytes) };
                 for (r, o) in range.zip(out.chunks_exact_mut(row_bytes)) {
@@ -241,8 +242,9 @@ pub(crate) fn matmul(
     image: &[u8],
     tokens: usize,
     p: &mut Product<'_>,
+    ahead: &[ReadAhead],
 ) {
-    matmul_after(pool, isa, image, tokens, p, None);
+    matmul_after(pool, isa, image, tokens, p, None, ahead);
 }
 
 /// [`matmul`], right after a product on this thread that prepared the tiled kernels'
@@ -257,6 +259,7 @@ fn matmul_after<'a>(
     tokens: usize,
     p: &mut Product<'a>,
     prepared: Option<&[u8]>,
+    ahead: &[ReadAhead],
 ) -> Option<&'a [u8]> {
     let (w, acts) = (p.w, p.acts);
     let same_input = prepared.is_some_and(|prev| std::ptr::eq(prev, acts));
@@ -267,15 +270,16 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    let share = chunk_share(
-        w.bytes(),
-        pool.chunks_per_thread().of(tokens),
-        pool.threads(),
+    let chunk = RowDeal::on(pool, tokens, [(w.rows, w.row_bytes)].into_iter()).rows_per_chunk[0];
+    for_chunks_of(
+        pool,
+        w.rows,
+        chunk,
+        Take::InBites,
+        job.work(),
+        ahead,
+        &|range| job.compute(range),
     );
-    let chunk = rows_per_chunk(share, w.row_bytes);
-    for_chunks_of(pool, w.rows, chunk, Take::InBites, job.work(), &|range| {
-        job.compute(range)
-    });
     None
 }
 
@@ -291,11 +295,15 @@ pub(crate) fn matmuls(
     image: &[u8],
     tokens: usize,
     products: Vec<Product<'_>>,
+    ahead: &[ReadAhead],
 ) {
     if !products.iter().all(|p| by_rows(isa, p.w, tokens)) {
         let mut prepared = None;
-        for mut p in products {
-            prepared = matmul_after(pool, isa, image, tokens, &mut p, prepared);
+        let last = products.len().saturating_sub(1);
+        for (i, mut p) in products.into_iter().enumerate() {
+            // The next job's reads follow the last product only.
+            let ahead = if i == last { ahead } else { &[] };
+            prepared = matmul_after(pool, isa, image, tokens, &mut p, prepared, ahead);
         }
         return;
     }
@@ -304,26 +312,23 @@ pub(crate) fn matmuls(
         let job = RowJob::new(isa, image, tokens, p, &jobs);
         jobs.push(job);
     }
-    // Job `i`'s chunks are `first[i]..first[i + 1]` of the shared counter.
-    let chunks = chunk_rows(
-        jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)),
-        pool.chunks_per_thread().of(tokens),
-        pool.threads(),
-    );
-    let mut first = vec![0usize];
-    for (job, &chunk) in jobs.iter().zip(&chunks) {
-        first.push(first.last().copied().unwrap_or(0) + job.w.rows.div_ceil(chunk));
-    }
-    let total = first.last().copied().unwrap_or(0);
+    let deal = RowDeal::on(pool, tokens, jobs.iter().map(|j| (j.w.rows, j.w.row_bytes)));
     let work = jobs.iter().map(RowJob::work).sum();
-    for_chunks_of(pool, total, 1, Take::InBites, work, &|range| {
-        for c in range {
-            let i = first.partition_point(|&f| f <= c) - 1;
-            let (chunk, rows) = (chunks[i], jobs[i].w.rows);
-            let start = (c - first[i]) * chunk;
-            jobs[i].compute(start..(start + chunk).min(rows));
-        }
-    });
+    for_chunks_of(
+        pool,
+        deal.chunks(),
+        1,
+        Take::InBites,
+        work,
+        ahead,
+        &|range| {
+            for c in range {
+                let (i, start) = deal.chunk(c);
+                let rows = jobs[i].w.rows;
+                jobs[i].compute(start..(start + deal.rows_per_chunk[i]).min(rows));
+            }
+        },
+    );
 }
 
 /// `gate` and `up` (products with the same rows) and the gated activation
@@ -331,6 +336,7 @@ pub(crate) fn matmuls(
 /// kernels, one pool job: each chunk computes its rows of both and activates them at once, so
 /// the activation costs no job of its own. Otherwise the products, then the activation in
 /// chunks. Every element is computed the same way either way.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_gated(
     pool: &ThreadPool,
     isa: Isa,
@@ -339,11 +345,12 @@ pub(crate) fn matmul_gated(
     mut gate: Product<'_>,
     mut up: Product<'_>,
     act: &(dyn Fn(&mut [f32], &[f32]) + Sync),
+    ahead: &[ReadAhead],
 ) {
     debug_assert_eq!(gate.w.rows, up.w.rows);
     if !(by_rows(isa, gate.w, tokens) && by_rows(isa, up.w, tokens)) {
-        let prepared = matmul_after(pool, isa, image, tokens, &mut gate, None);
-        matmul_after(pool, isa, image, tokens, &mut up, prepared);
+        let prepared = matmul_after(pool, isa, image, tokens, &mut gate, None, &[]);
+        matmul_after(pool, isa, image, tokens, &mut up, prepared, &[]);
         const CHUNK: usize = 4096;
         let up = &*up.out;
         let writer = DisjointOut::new(gate.out);
@@ -359,15 +366,8 @@ pub(crate) fn matmul_gated(
     let work = gate.work() + up.work();
     // A chunk computes the same rows of both.
     let row_bytes = gate.w.row_bytes + up.w.row_bytes;
-    let chunk = rows_per_chunk(
-        chunk_share(
-            rows * row_bytes,
-            pool.chunks_per_thread().of(tokens),
-            pool.threads(),
-        ),
-        row_bytes,
-    );
-    for_chunks_of(pool, rows, chunk, Take::InBites, work, &|range| {
+    let chunk = RowDeal::on(pool, tokens, [(rows, row_bytes)].into_iter()).rows_per_chunk[0];
+    for_chunks_of(pool, rows, chunk, Take::InBites, work, ahead, &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
         for t in 0..tokens {
@@ -583,23 +583,119 @@ fn rows_per_chunk(share: usize, row_bytes: usize) -> usize {
     (share / row_bytes.max(1)).next_multiple_of(G).max(G)
 }
 
-/// Rows per chunk of each of the products `shapes` (rows, bytes a row) dealt as one pool job
-/// ([`matmuls`]): chunks of a share of the whole job's bytes, not of each product's, so that
-/// one thread's run is not all of q while the other's is the small k and v and whatever it
-/// takes back from q (steps of one token and of four 0-1.5 % faster on TinyLlama-1.1B and
-/// Qwen2.5-0.5B, BENCHMARKS.md).
-fn chunk_rows(
-    shapes: impl Iterator<Item = (usize, usize)> + Clone,
-    chunks_per_thread: usize,
-    threads: usize,
-) -> Vec<usize> {
-    let bytes = shapes
-        .clone()
-        .map(|(rows, row_bytes)| rows * row_bytes)
-        .sum();
-    let share = chunk_share(bytes, chunks_per_thread, threads);
-    shapes
-        .map(|(_, row_bytes)| rows_per_chunk(share, row_bytes))
+/// How the row chunks of one pool job over one or more products are laid out ([`matmul`],
+/// [`matmuls`], [`matmul_gated`]): the products' chunks in one list, product by product.
+#[derive(Debug, PartialEq, Eq)]
+struct RowDeal {
+    /// Rows a chunk of each product holds: a share of the whole job's bytes, not of each
+    /// product's, so that one thread's run is not all of q while the other's is the small k
+    /// and v and whatever it takes back from q (steps of one token and of four 0-1.5 % faster
+    /// on TinyLlama-1.1B and Qwen2.5-0.5B, BENCHMARKS.md).
+    rows_per_chunk: Vec<usize>,
+    /// Product `i`'s chunks are `first[i]..first[i + 1]` of the list.
+    first: Vec<usize>,
+}
+
+impl RowDeal {
+    /// The deal of the products `shapes` (rows, bytes a row) on `pool` for `tokens` input rows.
+    fn on(
+        pool: &ThreadPool,
+        tokens: usize,
+        shapes: impl Iterator<Item = (usize, usize)> + Clone,
+    ) -> RowDeal {
+        RowDeal::new(shapes, pool.chunks_per_thread().of(tokens), pool.threads())
+    }
+
+    /// The deal of the products `shapes` in `chunks_per_thread` chunks a thread on `threads`.
+    fn new(
+        shapes: impl Iterator<Item = (usize, usize)> + Clone,
+        chunks_per_thread: usize,
+        threads: usize,
+    ) -> RowDeal {
+        let bytes = shapes
+            .clone()
+            .map(|(rows, row_bytes)| rows * row_bytes)
+            .sum();
+        let share = chunk_share(bytes, chunks_per_thread, threads);
+        let mut deal = RowDeal {
+            rows_per_chunk: Vec::new(),
+            first: vec![0],
+        };
+        for (rows, row_bytes) in shapes {
+            let chunk = rows_per_chunk(share, row_bytes);
+            deal.rows_per_chunk.push(chunk);
+            deal.first.push(deal.chunks() + rows.div_ceil(chunk));
+        }
+        deal
+    }
+
+    /// Chunks in the list.
+    fn chunks(&self) -> usize {
+        self.first.last().copied().unwrap_or(0)
+    }
+
+    /// The product chunk `c` of the list belongs to, and its first row.
+    fn chunk(&self, c: usize) -> (usize, usize) {
+        let i = self.first.partition_point(|&f| f <= c) - 1;
+        (i, (c - self.first[i]) * self.rows_per_chunk[i])
+    }
+}
+
+/// The row products of the pool job after the current one, for [`read_ahead`].
+pub(crate) enum Upcoming<'a> {
+    /// Products of one input dealt as one list ([`matmuls`]; one of them: [`matmul`]).
+    Products(&'a [&'a TensorRef]),
+    /// Gate and up, a chunk holding the same rows of both ([`matmul_gated`]).
+    Gated(&'a TensorRef, &'a TensorRef),
+}
+
+/// What each of the pool's threads reads first in `next` of `tokens` input rows, up to the
+/// pool's [`ThreadPool::read_ahead_bytes`]: the front of its own run of the next job's row
+/// chunks. Nothing when `next` does not run on the row kernels (the tiled kernels deal their
+/// tiles otherwise).
+pub(crate) fn read_ahead(
+    pool: &ThreadPool,
+    isa: Isa,
+    image: &[u8],
+    tokens: usize,
+    next: &Upcoming<'_>,
+) -> Vec<ReadAhead> {
+    let (products, gated): (&[&TensorRef], _) = match next {
+        Upcoming::Products(ws) => (ws, None),
+        Upcoming::Gated(gate, up) => (std::slice::from_ref(gate), Some(*up)),
+    };
+    let bytes = pool.read_ahead_bytes();
+    let row_kernels = products
+        .iter()
+        .chain(gated.as_ref())
+        .all(|w| by_rows(isa, w, tokens));
+    if pool.threads() == 1 || bytes == 0 || !row_kernels {
+        return Vec::new();
+    }
+    let shapes = products
+        .iter()
+        .map(|w| (w.rows, w.row_bytes + gated.map_or(0, |up| up.row_bytes)));
+    let deal = RowDeal::on(pool, tokens, shapes);
+    let from = |w: &TensorRef, row: usize, bytes: usize| {
+        let data = w.data(image);
+        let at = (row * w.row_bytes).min(data.len());
+        (data[at..].as_ptr(), bytes.min(data.len() - at))
+    };
+    pool.first_chunks(deal.chunks())
+        .map(|c| {
+            if c >= deal.chunks() {
+                return ReadAhead::default();
+            }
+            let (i, row) = deal.chunk(c);
+            let w = products[i];
+            match gated {
+                None => ReadAhead::new(&[from(w, row, bytes)]),
+                Some(up) => {
+                    let gate_bytes = bytes * w.row_bytes / (w.row_bytes + up.row_bytes);
+                    ReadAhead::new(&[from(w, row, gate_bytes), from(up, row, bytes - gate_bytes)])
+                }
+            }
+        })
         .collect()
 }
 
@@ -617,7 +713,7 @@ fn prepare_acts(
     let acts = &acts[..acts.len() / tokens.max(1) * tokens];
     let writer = DisjointOut::new(prep.bytes_mut());
     let work = Work::bytes(acts.len());
-    for_chunks_of(pool, groups, 4, Take::OneByOne, work, &|range| {
+    for_chunks_of(pool, groups, 4, Take::OneByOne, work, &[], &|range| {
         // SAFETY: chunks partition the groups, so their byte ranges are disjoint.
         let dst = unsafe { writer.slice(range.start * group_bytes..range.end * group_bytes) };
         airs_kernels::prepare_act_groups(w.ty, w.cols, acts, range.start, dst)
@@ -641,7 +737,7 @@ fn matmul_prepared(
     let chunk = (rows / (pool.threads() * 4)).next_multiple_of(16).max(16);
     let writer = DisjointOut::new(out);
     let work = Work::product(w, tokens);
-    for_chunks_of(pool, rows, chunk, Take::OneByOne, work, &|range| {
+    for_chunks_of(pool, rows, chunk, Take::OneByOne, work, &[], &|range| {
         let width = range.len();
         TILE.with(|tile| {
             let mut tile = tile.borrow_mut();
@@ -720,17 +816,17 @@ mod tests {
     /// (thread, range) of every call `for_chunks_of` makes.
     fn calls(pool: &ThreadPool, items: usize, work: Work) -> Vec<(String, Range<usize>)> {
         let seen = Mutex::new(Vec::new());
-        for_chunks_of(pool, items, 1, Take::OneByOne, work, &|range| {
+        for_chunks_of(pool, items, 1, Take::OneByOne, work, &[], &|range| {
             let name = std::thread::current().name().unwrap_or("").to_string();
             seen.lock().unwrap().push((name, range));
         });
         seen.into_inner().unwrap()
     }
 
-    /// The bytes of every chunk `chunk_rows` cuts `shapes` into, product after product.
+    /// The bytes of every chunk a [`RowDeal`] cuts `shapes` into, product after product.
     fn chunk_bytes(shapes: &[(usize, usize)], tokens: usize, threads: usize) -> Vec<usize> {
         let per_thread = ChunksPerThread::default().of(tokens);
-        let chunks = chunk_rows(shapes.iter().copied(), per_thread, threads);
+        let chunks = RowDeal::new(shapes.iter().copied(), per_thread, threads).rows_per_chunk;
         assert_eq!(chunks.len(), shapes.len());
         assert!(chunks.iter().all(|c| c.is_multiple_of(G) && *c > 0));
         shapes
@@ -766,11 +862,11 @@ mod tests {
         // A matrix of fewer rows than that: chunks of one group.
         let per_thread = ChunksPerThread::default();
         assert_eq!(
-            chunk_rows([(64, 1152)].into_iter(), per_thread.of(4), 2),
+            RowDeal::new([(64, 1152)].into_iter(), per_thread.of(4), 2).rows_per_chunk,
             [G]
         );
         assert_eq!(
-            chunk_rows([(G, 1152)].into_iter(), per_thread.of(1), 8),
+            RowDeal::new([(G, 1152)].into_iter(), per_thread.of(1), 8).rows_per_chunk,
             [G]
         );
     }
@@ -836,6 +932,92 @@ mod tests {
                     .enumerate()
                     .all(|(i, (_, r))| *r == (i..i + 1))
             );
+        }
+    }
+
+    /// A matrix of `rows` Q4_K rows of 256 values at `offset` of an image.
+    fn q4k(rows: usize, offset: usize) -> TensorRef {
+        let row_bytes = airs_kernels::row_bytes(airs_kernels::GgmlType::Q4K, 256).unwrap();
+        TensorRef {
+            ty: airs_kernels::GgmlType::Q4K,
+            cols: 256,
+            rows,
+            offset,
+            row_bytes,
+            packed: None,
+        }
+    }
+
+    /// The index of the pool thread running this (0: the caller).
+    fn thread_index() -> usize {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        name.strip_prefix("airs-worker-")
+            .map_or(0, |index| index.parse().unwrap())
+    }
+
+    #[test]
+    fn each_thread_prefetches_the_front_of_its_own_run_of_the_next_product() {
+        // q, k and v dealt as one list, and gate and up dealt together, on 2 and 3 threads.
+        let (q, k, v) = (q4k(256, 0), q4k(64, 256 * 144), q4k(64, 320 * 144));
+        let (gate, up) = (q4k(128, 384 * 144), q4k(128, 512 * 144));
+        let image = vec![0u8; 640 * 144];
+        let at = |w: &TensorRef, row: usize| image[w.offset + row * w.row_bytes..].as_ptr();
+        for threads in [2, 3] {
+            let pool = ThreadPool::new(threads);
+            let isa = Isa::detect();
+            let qkv = [&q, &k, &v];
+            let ahead = read_ahead(&pool, isa, &image, 1, &Upcoming::Products(&qkv));
+            assert_eq!(ahead.len(), threads);
+            let gated = read_ahead(&pool, isa, &image, 1, &Upcoming::Gated(&gate, &up));
+            // The chunk each thread computes first when the products run (a thread may run
+            // none: the others took its run).
+            let deal = RowDeal::on(&pool, 1, qkv.iter().map(|w| (w.rows, w.row_bytes)));
+            let firsts = Mutex::new(vec![None; threads]);
+            for_chunks_of(
+                &pool,
+                deal.chunks(),
+                1,
+                Take::InBites,
+                Work::bytes(1 << 30),
+                &[],
+                &|r| {
+                    firsts.lock().unwrap()[thread_index()].get_or_insert(r.start);
+                },
+            );
+            let gate_chunk = RowDeal::on(&pool, 1, [(128, 2 * 144)].into_iter()).rows_per_chunk[0];
+            let gate_firsts = Mutex::new(vec![None; threads]);
+            let work = Work::bytes(1 << 30);
+            for_chunks_of(&pool, 128, gate_chunk, Take::InBites, work, &[], &|r| {
+                gate_firsts.lock().unwrap()[thread_index()].get_or_insert(r.start);
+            });
+            for t in 0..threads {
+                if let Some(c) = firsts.lock().unwrap()[t] {
+                    let (i, row) = deal.chunk(c);
+                    let [(start, bytes), unused] = ahead[t].ranges();
+                    assert_eq!(start, at(qkv[i], row) as usize, "thread {t} of {threads}");
+                    // Up to the read-ahead, within the matrix.
+                    let left = (qkv[i].rows - row) * qkv[i].row_bytes;
+                    assert_eq!(bytes, left.min(ThreadPool::READ_AHEAD_BYTES));
+                    assert_eq!(unused, (0, 0));
+                }
+                if let Some(row) = gate_firsts.lock().unwrap()[t] {
+                    let [(g, g_bytes), (u, u_bytes)] = gated[t].ranges();
+                    assert_eq!((g, u), (at(&gate, row) as usize, at(&up, row) as usize));
+                    assert_eq!(g_bytes, (128 - row) * 144);
+                    assert_eq!(u_bytes, (128 - row) * 144);
+                }
+            }
+            assert!(
+                firsts.lock().unwrap()[0].is_some(),
+                "the caller always runs"
+            );
+            // A smaller read-ahead caps each range; none turns it off.
+            pool.set_read_ahead_bytes(1000);
+            let capped = read_ahead(&pool, isa, &image, 1, &Upcoming::Products(&qkv));
+            assert!(capped.iter().all(|a| a.ranges()[0].1 <= 1000));
+            assert_eq!(capped[0].ranges()[0], (at(&q, 0) as usize, 1000));
+            pool.set_read_ahead_bytes(0);
+            assert!(read_ahead(&pool, isa, &image, 1, &Upcoming::Products(&qkv)).is_empty());
         }
     }
 }

@@ -7,6 +7,14 @@
 //! weight matrix, which the hardware prefetchers follow (handing chunks out in turn through
 //! one counter started a new stream every chunk: BENCHMARKS.md).
 //!
+//! A job may say what each thread reads first in the job after it ([`ReadAhead`]): a thread
+//! with nothing left to take prefetches that into its L2 while it waits, for the others at the
+//! job's end or for the caller's serial work before the next job (a decode step's norms,
+//! activation quantization and short attention), so memory is not idle between two matrix
+//! products. On the AMX host (`bench decode --alternate-read-ahead 0,512`, 1,024 steps), steps
+//! took 1.2-1.6 % less time on Qwen2.5-0.5B and TinyLlama-1.1B Q4_K_M and Q8_0
+//! (BENCHMARKS.md).
+//!
 //! Design: like ggml's threadpool, workers spin briefly on an epoch counter after each job
 //! (matmuls in a forward pass are microseconds apart) and then sleep on a condition variable,
 //! so an idle engine burns no CPU. Cost per job: one mutex lock per worker plus a
@@ -31,6 +39,8 @@ type Job = &'static (dyn Fn(usize) + Sync);
 struct State {
     epoch: u64,
     job: Option<Job>,
+    /// What each thread reads first in the job after this one (empty: nothing known).
+    ahead: Vec<ReadAhead>,
     shutdown: bool,
     panic: Option<Box<dyn Any + Send>>,
 }
@@ -110,6 +120,9 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     threads: usize,
     chunks_per_thread: ChunksPerThread,
+    /// Bytes of the next job a thread prefetches at the end of the current one
+    /// ([`ThreadPool::read_ahead_bytes`]).
+    read_ahead_bytes: AtomicUsize,
     /// Serializes `run` calls from different threads sharing one pool.
     run_lock: Mutex<()>,
 }
@@ -122,6 +135,7 @@ impl ThreadPool {
             state: Mutex::new(State {
                 epoch: 0,
                 job: None,
+                ahead: Vec::with_capacity(threads),
                 shutdown: false,
                 panic: None,
             }),
@@ -143,6 +157,7 @@ impl ThreadPool {
             workers,
             threads,
             chunks_per_thread: ChunksPerThread::default(),
+            read_ahead_bytes: AtomicUsize::new(Self::READ_AHEAD_BYTES),
             run_lock: Mutex::new(()),
         }
     }
@@ -157,8 +172,33 @@ impl ThreadPool {
         &self.chunks_per_thread
     }
 
+    /// The default of [`ThreadPool::read_ahead_bytes`]: the smallest L2 a core has on the
+    /// machines served (the Pi 5's 512 KiB). A thread rarely gets that far: the next job's
+    /// start ends its prefetches, and a decode step's products are microseconds apart.
+    pub const READ_AHEAD_BYTES: usize = 512 << 10;
+
+    /// Bytes of the next job's weights a thread prefetches while it waits at the end of the
+    /// current one, when the caller says what they are ([`ReadAhead`]). Read once per job and
+    /// settable at any time, so that `airs bench decode --alternate-read-ahead` can switch it
+    /// between two steps; 0: none. Any value gives the same results: only the speed differs.
+    pub fn read_ahead_bytes(&self) -> usize {
+        self.read_ahead_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Prefetch `bytes` of the next job a thread from the next job on.
+    pub fn set_read_ahead_bytes(&self, bytes: usize) {
+        self.read_ahead_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     /// Run `job(thread_index)` once on every thread of the pool and wait for all of them.
     pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        self.run_ahead(job, &[]);
+    }
+
+    /// [`ThreadPool::run`], with what each thread will read first in the next job
+    /// (`ahead[thread_index]`, if given), which a thread done with this job prefetches while
+    /// it waits ([`ReadAhead`]).
+    pub fn run_ahead(&self, job: &(dyn Fn(usize) + Sync), ahead: &[ReadAhead]) {
         if self.threads == 1 {
             job(0);
             return;
@@ -176,6 +216,8 @@ impl ThreadPool {
         {
             let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             state.job = Some(erased);
+            state.ahead.clear();
+            state.ahead.extend_from_slice(ahead);
             state.epoch += 1;
             self.shared
                 .epoch
@@ -183,6 +225,9 @@ impl ThreadPool {
         }
         self.shared.wake.notify_all();
         let own = catch_unwind(AssertUnwindSafe(|| job(0)));
+        if let Some(mine) = ahead.first() {
+            mine.prefetch_while(|| self.shared.remaining.load(Ordering::Acquire) != 0);
+        }
         let started = Instant::now();
         let mut spins = 0u32;
         while self.shared.remaining.load(Ordering::Acquire) != 0 {
@@ -210,15 +255,18 @@ impl ThreadPool {
     /// over the pool's threads: thread `t` takes the `t`-th contiguous run of chunks front to
     /// back, then the other runs' remaining chunks from their backs (module documentation).
     pub fn for_chunks(&self, items: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
-        self.for_chunks_as(items, chunk, Take::OneByOne, f);
+        self.for_chunks_as(items, chunk, Take::OneByOne, &[], f);
     }
 
-    /// [`ThreadPool::for_chunks`], each thread taking its own run as `take` says.
+    /// [`ThreadPool::for_chunks`], each thread taking its own run as `take` says, and
+    /// prefetching `ahead[thread_index]` once it has no chunk left to take
+    /// ([`ThreadPool::run_ahead`]).
     pub fn for_chunks_as(
         &self,
         items: usize,
         chunk: usize,
         take: Take,
+        ahead: &[ReadAhead],
         f: &(dyn Fn(Range<usize>) + Sync),
     ) {
         let chunk = chunk.max(1);
@@ -230,34 +278,93 @@ impl ThreadPool {
             return;
         }
         let run_chunks = |c: Range<usize>| f(c.start * chunk..(c.end * chunk).min(items));
-        // Beyond `MAX_RUNS` threads, several take one run's front (a compare-and-swap claims
-        // each chunk once either way).
-        let owners = self.threads.min(MAX_RUNS);
+        let (owners, per) = self.runs_of(chunks);
         assert!(
             u32::try_from(chunks).is_ok(),
             "{chunks} chunks: more than a run word holds"
         );
-        let per = chunks.div_ceil(owners);
         let runs: [ChunkRun; MAX_RUNS] = std::array::from_fn(|t| {
             ChunkRun::new((t * per).min(chunks), ((t + 1) * per).min(chunks))
         });
-        self.run(&|thread| {
-            let me = thread % owners;
-            loop {
-                let own = match take {
-                    Take::OneByOne => runs[me].take_front(),
-                    Take::InBites => runs[me].take_front_half(),
-                };
-                let Some(c) = own else { break };
-                run_chunks(c);
-            }
-            for k in 1..owners {
-                let other = &runs[(me + k) % owners];
-                while let Some(c) = other.take_back() {
-                    run_chunks(c..c + 1);
+        self.run_ahead(
+            &|thread| {
+                let me = thread % owners;
+                loop {
+                    let own = match take {
+                        Take::OneByOne => runs[me].take_front(),
+                        Take::InBites => runs[me].take_front_half(),
+                    };
+                    let Some(c) = own else { break };
+                    run_chunks(c);
                 }
+                for k in 1..owners {
+                    let other = &runs[(me + k) % owners];
+                    while let Some(c) = other.take_back() {
+                        run_chunks(c..c + 1);
+                    }
+                }
+            },
+            ahead,
+        );
+    }
+
+    /// The chunk each thread takes first when [`ThreadPool::for_chunks_as`] deals `chunks`
+    /// chunks (the front of its own run), by thread index: where a caller that knows the
+    /// next job's chunks finds what each thread reads first ([`ReadAhead`]).
+    pub fn first_chunks(&self, chunks: usize) -> impl Iterator<Item = usize> {
+        let (owners, per) = self.runs_of(chunks);
+        (0..self.threads).map(move |thread| ((thread % owners) * per).min(chunks))
+    }
+
+    /// How `chunks` chunks are dealt: to how many runs, of how many chunks each (the last
+    /// run may be shorter). Beyond `MAX_RUNS` threads, several take one run's front (a
+    /// compare-and-swap claims each chunk once either way).
+    fn runs_of(&self, chunks: usize) -> (usize, usize) {
+        let owners = self.threads.min(MAX_RUNS);
+        (owners, chunks.div_ceil(owners))
+    }
+}
+
+/// What one thread reads first in the pool's next job: up to two byte ranges (a gated
+/// product reads the same rows of two matrices), which the thread prefetches into its L2 once
+/// it has nothing left of the current job, until the next one starts (workers) or every
+/// worker is done (the caller). Addresses are kept as numbers: a prefetch never faults, so a
+/// range that is gone by the time it is read costs nothing but the hint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadAhead {
+    ranges: [(usize, usize); 2],
+}
+
+impl ReadAhead {
+    /// Bytes prefetched between two checks of whether to go on: 64 lines, ~0.3 µs of one
+    /// core's reads, so a thread starts the next job at most that late.
+    const STEP_BYTES: usize = 4096;
+
+    /// Ahead reads of `ranges` (start, bytes); at most two are kept.
+    pub fn new(ranges: &[(*const u8, usize)]) -> ReadAhead {
+        let mut ahead = ReadAhead::default();
+        for (slot, &(start, bytes)) in ahead.ranges.iter_mut().zip(ranges) {
+            *slot = (start as usize, bytes);
+        }
+        ahead
+    }
+
+    /// The ranges, as (start address, bytes).
+    pub fn ranges(&self) -> [(usize, usize); 2] {
+        self.ranges
+    }
+
+    /// Prefetch the ranges a step at a time while `go_on()` says so.
+    fn prefetch_while(&self, mut go_on: impl FnMut() -> bool) {
+        for (start, bytes) in self.ranges {
+            for at in (0..bytes).step_by(Self::STEP_BYTES) {
+                if !go_on() {
+                    return;
+                }
+                let step = Self::STEP_BYTES.min(bytes - at);
+                airs_kernels::prefetch::to_l2((start + at) as *const u8, step);
             }
-        });
+        }
     }
 }
 
@@ -355,14 +462,18 @@ fn worker(shared: &Shared, index: usize) {
                 return;
             }
             seen = state.epoch;
-            state.job
+            (state.job, state.ahead.get(index).copied())
         };
+        let (job, ahead) = job;
         if let Some(job) = job
             && let Err(p) = catch_unwind(AssertUnwindSafe(|| job(index)))
         {
             shared.state.lock().unwrap_or_else(|e| e.into_inner()).panic = Some(p);
         }
         shared.remaining.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ahead) = ahead {
+            ahead.prefetch_while(|| shared.epoch.load(Ordering::Acquire) as u64 == seen);
+        }
     }
 }
 
@@ -398,7 +509,7 @@ mod tests {
                             hits[i].fetch_add(1, Ordering::Relaxed);
                         }
                     };
-                    pool.for_chunks_as(items, 3, take, &count);
+                    pool.for_chunks_as(items, 3, take, &[], &count);
                     assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
                 }
             }

@@ -29,6 +29,7 @@ mod isa;
 mod kquants;
 mod legacy;
 pub mod peak;
+pub mod prefetch;
 pub mod rows16;
 mod stream;
 mod tiled;
