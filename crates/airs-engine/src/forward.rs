@@ -25,7 +25,9 @@ use crate::error::{EngineError, EngineErrorKind};
 use crate::kv::KvCache;
 use crate::lines::LineBuf;
 use crate::model::Model;
-use crate::par::{DisjointOut, QuantizedActs, Upcoming, matmul, matmul_gated, matmuls, read_ahead};
+use crate::par::{
+    DisjointOut, QuantizedActs, Upcoming, for_chunks_of, matmul, matmul_gated, matmuls, read_ahead,
+};
 use crate::pool::{Take, ThreadPool};
 use airs_gguf::RopeStyle;
 
@@ -610,64 +612,56 @@ impl Model {
                     crate::par::Work::attention(positions * kv_row_bytes, f32_macs)
                 })
                 .sum();
-            let ahead = &after_qkv;
-            crate::par::for_chunks_of(
-                pool,
-                pairs * slices,
-                1,
-                Take::OneByOne,
-                work,
-                ahead,
-                &|range| {
-                    ATTENTION_SCRATCH.with(|scratch| {
-                        let mut scratch = scratch.borrow_mut();
-                        let AttentionScratch {
-                            scores,
-                            queries: qbuf,
-                            outs: obuf,
-                        } = &mut *scratch;
-                        for item in range {
-                            let (b, rest) = (
-                                item / (cfg.kv_heads * slices),
-                                item % (cfg.kv_heads * slices),
-                            );
-                            let (g, s) = (rest / slices, rest % slices);
-                            let h0 = g * group + s * per_slice;
-                            let h1 = (h0 + per_slice).min((g + 1) * group);
-                            let (seq, row0, rows, last) = blocks[b];
-                            let n_ctx = last + 1;
-                            // The last row's positions (a block of several starts at 0).
-                            let positions = window.map_or(0, |w| n_ctx.saturating_sub(w))..n_ctx;
-                            let width = (h1 - h0) * head_dim;
-                            let at = |t: usize| t * q_len + h0 * head_dim;
-                            let needed = rows * (h1 - h0) * positions.len();
-                            if scores.len() < needed {
-                                scores.resize(needed, 0.0);
-                            }
-                            let cache = caches[seq];
-                            if rows == 1 {
-                                // SAFETY: each (block, KV head, slice) item is visited once and
-                                // owns the disjoint output range of its rows' query heads.
-                                let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
-                                let qh = &q[at(row0)..at(row0) + width];
-                                cache.attend(l, g, qh, positions, scale, out, scores);
-                                continue;
-                            }
-                            // Several rows: their queries and outputs made contiguous.
-                            qbuf.clear();
-                            for t in row0..row0 + rows {
-                                qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
-                            }
-                            obuf.resize(rows * width, 0.0);
-                            cache.attend_queries(l, g, qbuf, rows, positions, scale, obuf, scores);
-                            for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
-                                // SAFETY: as above; the block's rows are its own.
-                                unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);
-                            }
+            let (items, ahead) = (pairs * slices, &after_qkv);
+            for_chunks_of(pool, items, 1, Take::OneByOne, work, ahead, &|range| {
+                ATTENTION_SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    let AttentionScratch {
+                        scores,
+                        queries: qbuf,
+                        outs: obuf,
+                    } = &mut *scratch;
+                    for item in range {
+                        let (b, rest) = (
+                            item / (cfg.kv_heads * slices),
+                            item % (cfg.kv_heads * slices),
+                        );
+                        let (g, s) = (rest / slices, rest % slices);
+                        let h0 = g * group + s * per_slice;
+                        let h1 = (h0 + per_slice).min((g + 1) * group);
+                        let (seq, row0, rows, last) = blocks[b];
+                        let n_ctx = last + 1;
+                        // The last row's positions (a block of several starts at 0).
+                        let positions = window.map_or(0, |w| n_ctx.saturating_sub(w))..n_ctx;
+                        let width = (h1 - h0) * head_dim;
+                        let at = |t: usize| t * q_len + h0 * head_dim;
+                        let needed = rows * (h1 - h0) * positions.len();
+                        if scores.len() < needed {
+                            scores.resize(needed, 0.0);
                         }
-                    });
-                },
-            );
+                        let cache = caches[seq];
+                        if rows == 1 {
+                            // SAFETY: each (block, KV head, slice) item is visited once and
+                            // owns the disjoint output range of its rows' query heads.
+                            let out = unsafe { writer.slice(at(row0)..at(row0) + width) };
+                            let qh = &q[at(row0)..at(row0) + width];
+                            cache.attend(l, g, qh, positions, scale, out, scores);
+                            continue;
+                        }
+                        // Several rows: their queries and outputs made contiguous.
+                        qbuf.clear();
+                        for t in row0..row0 + rows {
+                            qbuf.extend_from_slice(&q[at(t)..at(t) + width]);
+                        }
+                        obuf.resize(rows * width, 0.0);
+                        cache.attend_queries(l, g, qbuf, rows, positions, scale, obuf, scores);
+                        for (t, o) in (row0..row0 + rows).zip(obuf.chunks_exact(width)) {
+                            // SAFETY: as above; the block's rows are its own.
+                            unsafe { writer.slice(at(t)..at(t) + width) }.copy_from_slice(o);
+                        }
+                    }
+                });
+            });
         }
         acts.reset();
         acts.encode(pool, &layer.wo, attn);

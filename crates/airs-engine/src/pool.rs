@@ -453,7 +453,7 @@ fn worker(shared: &Shared, index: usize) {
             }
             std::hint::spin_loop();
         }
-        let job = {
+        let (job, ahead) = {
             let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
             while state.epoch == seen && !state.shutdown {
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -464,7 +464,6 @@ fn worker(shared: &Shared, index: usize) {
             seen = state.epoch;
             (state.job, state.ahead.get(index).copied())
         };
-        let (job, ahead) = job;
         if let Some(job) = job
             && let Err(p) = catch_unwind(AssertUnwindSafe(|| job(index)))
         {
