@@ -270,7 +270,7 @@ fn matmul_after<'a>(
     }
     let out = &mut *p.out;
     let job = RowJob::new(isa, image, tokens, Product { w, acts, out }, &[]);
-    let chunk = RowDeal::on(pool, tokens, [(w.rows, w.row_bytes)].into_iter()).rows_per_chunk[0];
+    let chunk = RowDeal::rows_per_chunk_alone(pool, tokens, w.rows, w.row_bytes);
     for_chunks_of(
         pool,
         w.rows,
@@ -366,7 +366,7 @@ pub(crate) fn matmul_gated(
     let work = gate.work() + up.work();
     // A chunk computes the same rows of both.
     let row_bytes = gate.w.row_bytes + up.w.row_bytes;
-    let chunk = RowDeal::on(pool, tokens, [(rows, row_bytes)].into_iter()).rows_per_chunk[0];
+    let chunk = RowDeal::rows_per_chunk_alone(pool, tokens, rows, row_bytes);
     for_chunks_of(pool, rows, chunk, Take::InBites, work, ahead, &|range| {
         gate.compute(range.clone());
         up.compute(range.clone());
@@ -604,6 +604,21 @@ impl RowDeal {
         shapes: impl Iterator<Item = (usize, usize)> + Clone,
     ) -> RowDeal {
         RowDeal::new(shapes, pool.chunks_per_thread().of(tokens), pool.threads())
+    }
+
+    /// Rows a chunk holds when one product of `rows` rows of `row_bytes` is dealt alone on
+    /// `pool` (what [`RowDeal::on`] gives it, without the lists).
+    fn rows_per_chunk_alone(
+        pool: &ThreadPool,
+        tokens: usize,
+        rows: usize,
+        row_bytes: usize,
+    ) -> usize {
+        let per_thread = pool.chunks_per_thread().of(tokens);
+        rows_per_chunk(
+            chunk_share(rows * row_bytes, per_thread, pool.threads()),
+            row_bytes,
+        )
     }
 
     /// The deal of the products `shapes` in `chunks_per_thread` chunks a thread on `threads`.
@@ -858,6 +873,14 @@ mod tests {
                     );
                 }
             }
+        }
+        // One product alone is cut as in a list of one.
+        let pool = ThreadPool::new(2);
+        for (rows, row_bytes) in [(2048, 1152), (5632, 2304), (896, 616)] {
+            assert_eq!(
+                RowDeal::rows_per_chunk_alone(&pool, 1, rows, row_bytes),
+                RowDeal::on(&pool, 1, [(rows, row_bytes)].into_iter()).rows_per_chunk[0]
+            );
         }
         // A matrix of fewer rows than that: chunks of one group.
         let per_thread = ChunksPerThread::default();
