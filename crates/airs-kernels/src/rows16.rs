@@ -38,7 +38,8 @@
 //! terms (scales as f32, offset sums, sub-block sums) are computed once per product
 //! ([`Activations`]) and the kernels are compiled once per activation-row count 1..=16, so a
 //! group's 16-lane row dots for every token stay in registers. The k-quant layouts are read in
-//! address order. On AMD's cores one token of any type is left to the hardware prefetchers (with
+//! address order. On AMD's cores one token of any type but Q5_K (whose fifth bits are read beside
+//! its codes: `x86::prefetch_q5k_one`) is left to the hardware prefetchers (with
 //! software prefetches, `prefetcht0` of every line 4 KiB ahead, it streamed Q4_K at 15-17 GB/s per
 //! thread against 22-24 without; Q4_0 and Q5_0 `prefetcht1` 8 KiB ahead ran 12-14 % slower on Zen 4
 //! than without); on Intel's it prefetches into L2 (1.2-1.55× faster there 8 KiB ahead, and
@@ -962,10 +963,11 @@ pub(crate) mod q4k {
         /// `isum = Σ sc·sumi` and `summ = Σ m·Σy` (exact), then its float step
         /// `sum + ((d·dy)·isum − (dmin·dy)·summ)`.
         ///
-        /// The kernel prefetches (`prefetch_kquant_ahead`; one token only on Intel's cores) a
-        /// thirty-second of the superblock per 64-byte chunk of codes it loads, not a quarter
-        /// per quarter: `decode_dram`, one token, two threads from DRAM, three passes, 214-219
-        /// → 206-208 µs (Q4_K 5632×2048; the stream over the same bytes 205), 77-79 → 72-75
+        /// The kernel prefetches (`prefetch_kquant_ahead`; one token only on Intel's cores, but
+        /// Q5_K on AMD's too: `prefetch_q5k_one`) a thirty-second of the superblock per 64-byte
+        /// chunk of codes it loads, not a quarter per quarter: `decode_dram`, one token, two
+        /// threads from DRAM, three passes, 214-219 → 206-208 µs (Q4_K 5632×2048; the stream
+        /// over the same bytes 205), 77-79 → 72-75
         /// (Q4_K 896×4864; stream 74), 274-279 → 246-254 (Q5_K 5632×2048; stream 243), an
         /// eighth or a sixteenth per part in between; several tokens (into L2), two passes,
         /// Q4_K 5632×2048 2 tokens 261 → 202-212, 4 tokens 266 → 219-233, 8 tokens 370-374 →
@@ -1056,7 +1058,11 @@ pub(crate) mod q4k {
                         let mut hi4 = [_mm512_setzero_si512(); 8];
                         for k in 0..8 {
                             let at = blk.add(part * j + part / 8 * k);
-                            crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
+                            if FIVE && T == 1 {
+                                crate::rows16::x86::prefetch_q5k_one(at, part / 8);
+                            } else {
+                                crate::rows16::x86::prefetch_kquant_ahead::<T>(at, part / 8);
+                            }
                             let v = _mm512_loadu_si512(qs.add(64 * k).cast());
                             lo[k] = _mm512_and_si512(v, low);
                             hi4[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
@@ -1902,8 +1908,34 @@ mod x86 {
     /// from `p` + [`ONE_TOKEN_AHEAD`], held where the kernel issues it.
     #[inline]
     pub(super) fn prefetch_held(p: *const u8, bytes: usize) {
+        prefetch_held_from(p, ONE_TOKEN_AHEAD, bytes);
+    }
+
+    /// One token's prefetch for Q5_K (`q4k::x86::k4` with `FIVE`): [`prefetch_held`] on
+    /// Intel's cores; on AMD's, which prefetch no other type for one token, the same held
+    /// `prefetcht1` [`SEVERAL_TOKENS_AHEAD`] ahead. Q5_K's kernel reads each superblock's
+    /// fifth-bit planes (512 bytes) interleaved with its codes 512 bytes further on, and
+    /// re-reads them for every quarter; on the hardware prefetchers alone it ran at half the
+    /// read rate. `decode_dram` from DRAM, Q5_K 5632×2048, two threads, AMD Zen 4 (2 vCPUs),
+    /// the product's time over the stream's over the same bytes, median of 4-10 runs: no
+    /// prefetch 2.0 (380-445 µs), 3 KiB ahead 1.45, 6 KiB 1.07, 9 KiB 1.07, 12 KiB 1.09, 16 KiB
+    /// 1.01; this build against the one before, alternated four times: 240-287 µs against
+    /// 388-445. TinyLlama-1.1B Q5_K_M decode 23.5-26.1 → 36.5-42.5 tokens/s (BENCHMARKS.md).
+    #[inline]
+    pub(super) fn prefetch_q5k_one(p: *const u8, bytes: usize) {
+        if is_intel() {
+            prefetch_held(p, bytes);
+        } else {
+            prefetch_held_from(p, SEVERAL_TOKENS_AHEAD, bytes);
+        }
+    }
+
+    /// `prefetcht1` of every line of `bytes` bytes from `p + ahead`, held where the kernel
+    /// issues it ([`prefetch_ahead`]).
+    #[inline]
+    fn prefetch_held_from(p: *const u8, ahead: usize, bytes: usize) {
         for l in 0..bytes.div_ceil(64) {
-            let line = p.wrapping_add(ONE_TOKEN_AHEAD + 64 * l);
+            let line = p.wrapping_add(ahead + 64 * l);
             // SAFETY: `prefetcht1` is a hint that never faults, whatever the address
             // (`wrapping_add` keeps the arithmetic defined); it writes no register and no
             // flags, and touches no stack. The block is not marked `nomem` or `readonly` on
