@@ -1918,9 +1918,10 @@ mod x86 {
     /// re-reads them for every quarter; on the hardware prefetchers alone it ran at half the
     /// read rate. `decode_dram` from DRAM, Q5_K 5632×2048, two threads, AMD Zen 4 (2 vCPUs),
     /// the product's time over the stream's over the same bytes, median of 4-10 runs: no
-    /// prefetch 2.0 (380-445 µs), 3 KiB ahead 1.45, 6 KiB 1.07, 9 KiB 1.07, 12 KiB 1.09, 16 KiB
-    /// 1.01; this build against the one before, alternated four times: 240-287 µs against
-    /// 388-445. TinyLlama-1.1B Q5_K_M decode 23.5-26.1 → 36.5-42.5 tokens/s (BENCHMARKS.md).
+    /// prefetch 1.65 (380-445 µs), 3 KiB ahead 1.48, 6 KiB 1.08, 9 KiB 1.07, 12 KiB 1.09, 16
+    /// KiB 1.01, this 8 KiB 1.01 (10 runs; 240-287 µs against 388-445 for the build before,
+    /// alternated four times). TinyLlama-1.1B Q5_K_M decode 23.5-26.1 → 36.5-42.5 tokens/s
+    /// (BENCHMARKS.md).
     #[inline]
     pub(super) fn prefetch_q5k_one(p: *const u8, bytes: usize) {
         if is_intel() {
